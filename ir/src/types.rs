@@ -131,11 +131,17 @@ impl TensorType {
     }
 
     pub fn with_dtype(&self, dtype: DType) -> TensorType {
-        TensorType { dtype, shape: self.shape.clone() }
+        TensorType {
+            dtype,
+            shape: self.shape.clone(),
+        }
     }
 
     pub fn with_shape(&self, shape: Vec<Dim>) -> TensorType {
-        TensorType { dtype: self.dtype, shape }
+        TensorType {
+            dtype: self.dtype,
+            shape,
+        }
     }
 }
 

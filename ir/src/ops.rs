@@ -1,0 +1,166 @@
+//! The op table. One macro invocation gives the `Op` enum, each op's text name, its arity and
+//! its attributes; the printer, the parser and RON all go through it.
+//!
+//! Conventions shared by the ops below:
+//! - `matmul` is a linear layer in the HF layout: `x [.., K] · W [N, K]ᵀ → [.., N]`.
+//! - Positions are absolute token indices (`i64`), one per query row. A query at position `p` may
+//!   see cached keys `0..=p`; in `decode`, query row `i` belongs to sequence `i` of the batch and
+//!   its caches carry a leading batch dimension.
+//! - Attention and indexer ops take the caches returned by `cache.update`, so the KV state is
+//!   explicit in the graph.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::lit::{AttrValue, Lit};
+use crate::{DType, Dim, Recipe};
+
+/// How many operands an op takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arity {
+    Exact(usize),
+    AtLeast(usize),
+}
+
+impl Arity {
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Exact(k) => n == k,
+            Arity::AtLeast(k) => n >= k,
+        }
+    }
+}
+
+impl std::fmt::Display for Arity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Arity::Exact(k) => write!(f, "{k}"),
+            Arity::AtLeast(k) => write!(f, "at least {k}"),
+        }
+    }
+}
+
+macro_rules! ops {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $text:literal [$($arity:tt)*] { $($field:ident : $ty:ty),* $(,)? }
+    )*) => {
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        pub enum Op {
+            $( $(#[$doc])* $variant { $($field: $ty),* }, )*
+        }
+
+        impl Op {
+            /// Every op's text name, in table order.
+            pub const NAMES: &'static [&'static str] = &[$($text),*];
+
+            pub fn name(&self) -> &'static str {
+                match self { $( Op::$variant { .. } => $text, )* }
+            }
+
+            #[allow(unused_variables)]
+            pub fn arity(&self) -> Arity {
+                match self { $( Op::$variant { $($field),* } => { $($arity)* } )* }
+            }
+
+            /// The attributes, sorted by name.
+            pub fn attrs(&self) -> Vec<(&'static str, Lit)> {
+                let mut attrs: Vec<(&'static str, Lit)> = match self {
+                    $( Op::$variant { $($field),* } => vec![$((stringify!($field), $field.to_lit())),*], )*
+                };
+                attrs.sort_by_key(|(k, _)| *k);
+                attrs
+            }
+
+            /// Builds an op from its text name and attributes; the error says which attribute is
+            /// missing, unknown or of the wrong kind.
+            pub fn from_parts(name: &str, attrs: &BTreeMap<String, Lit>) -> Result<Op, String> {
+                match name {
+                    $( $text => {
+                        let known: &[&str] = &[$(stringify!($field)),*];
+                        if let Some(k) = attrs.keys().find(|k| !known.contains(&k.as_str())) {
+                            return Err(format!("op `{}` has no attribute `{k}` (it has: {})", $text, known.join(", ")));
+                        }
+                        Ok(Op::$variant { $(
+                            $field: {
+                                let lit = attrs.get(stringify!($field)).ok_or_else(|| {
+                                    format!("op `{}` needs attribute `{}`", $text, stringify!($field))
+                                })?;
+                                <$ty as AttrValue>::from_lit(lit)
+                                    .map_err(|e| format!("attribute `{}` of `{}`: {e}", stringify!($field), $text))?
+                            },
+                        )* })
+                    } )*
+                    other => Err(format!("unknown op `{other}`")),
+                }
+            }
+        }
+    };
+}
+
+ops! {
+    /// Function argument number `index`; its type is declared on the node.
+    Input "input" [Arity::Exact(0)] { index: u64 }
+    /// A weight made from checkpoint tensors by `recipe`; the node's dtype is the compute dtype.
+    Weight "weight" [Arity::Exact(0)] { recipe: Recipe }
+    /// `table [V, D]`, `ids int[..]` → `[.., D]`.
+    Embed "embed" [Arity::Exact(2)] {}
+    /// `x [.., K]`, `w [N, K]` → `[.., N]`.
+    Matmul "matmul" [Arity::Exact(2)] {}
+    /// Per-head linear: `x [.., H, K]`, `w [H, N, K]` → `[.., H, N]`.
+    MatmulHeads "matmul.heads" [Arity::Exact(2)] {}
+    /// Elementwise; the right operand may be a trailing suffix of the left's shape (broadcast).
+    Add "add" [Arity::Exact(2)] {}
+    Mul "mul" [Arity::Exact(2)] {}
+    /// Multiplication by a constant.
+    Scale "scale" [Arity::Exact(1)] { factor: f64 }
+    Silu "silu" [Arity::Exact(1)] {}
+    Relu "relu" [Arity::Exact(1)] {}
+    Cast "cast" [Arity::Exact(1)] { dtype: DType }
+    /// `w ⊙ x / sqrt(mean(x²) + eps)` over the last axis; `x [.., D]`, `w [D]`.
+    RmsNorm "rmsnorm" [Arity::Exact(2)] { eps: f64 }
+    /// `(x − μ) / sqrt(var + eps) · w + b` over the last axis.
+    LayerNorm "layernorm" [Arity::Exact(3)] { eps: f64 }
+    /// Rotary embedding of the whole last axis of `x [n, .., R]` at `positions [n]`, with
+    /// frequencies `theta^(−2i/R)`; `interleaved` rotates pairs `(2i, 2i+1)`, otherwise `(i, i+R/2)`.
+    Rope "rope" [Arity::Exact(2)] { interleaved: bool, theta: f64 }
+    Reshape "reshape" [Arity::Exact(1)] { shape: Vec<Dim> }
+    /// Elements `start..end` of `axis`.
+    Slice "slice" [Arity::Exact(1)] { axis: u64, start: u64, end: u64 }
+    Concat "concat" [Arity::AtLeast(1)] { axis: u64 }
+    /// Writes `new [n, ..]` at `positions [n]` into the cache `state` and returns the cache up
+    /// to the furthest position: `[t, ..]`, or `[b, t, ..]` with one sequence per row when
+    /// `batched` (decode).
+    CacheUpdate "cache.update" [Arity::Exact(2)] { batched: bool, state: String }
+    /// Expanded MLA attention: `q_nope [n,H,P]`, `q_pe [n,H,R]`, `k_nope [(b,)t,H,P]`,
+    /// `k_pe [(b,)t,R]` (one rope key shared by all heads), `v [(b,)t,H,V]`, `positions [n]`, and
+    /// when `sparse` the selected keys `topk [n,K]` (−1 = none) → `[n,H,V]`.
+    MlaAttend "mla.attend" [Arity::Exact(if *sparse { 7 } else { 6 })] { scale: f64, sparse: bool }
+    /// Absorbed MLA attention over the latent cache: `q_abs [n,H,L]`, `q_pe [n,H,R]`,
+    /// `c_kv [(b,)t,L]`, `k_pe [(b,)t,R]`, `positions [n]`, (`topk [n,K]`) → `[n,H,L]`.
+    MlaAttendAbsorbed "mla.attend.absorbed" [Arity::Exact(if *sparse { 6 } else { 5 })] { scale: f64, sparse: bool }
+    /// DSA indexer scores `Σ_h w[n,h] · relu(q[n,h]·k[t])`: `q [n,Hi,D]`, `w [n,Hi]`,
+    /// `k [(b,)t,D]`, `positions [n]` → `f32 [n,t]`, `−inf` where `t > position`.
+    DsaScore "dsa.score" [Arity::Exact(4)] {}
+    /// The `k` best keys per row of `scores [n,t]` among `t ≤ position` → `i64 [n,k]`, padded
+    /// with −1 when a row has fewer than `k` keys.
+    DsaTopk "dsa.topk" [Arity::Exact(2)] { k: u64 }
+    /// Sigmoid router: `logits f32 [n,E]`, `bias [E]` (selection only) → `weights f32 [n,k]`,
+    /// `experts i64 [n,k]`. Groups of `E/n_group` experts, scored by the sum of their two best,
+    /// keep `topk_group` groups (as transformers 5.17 does, the experts of dropped groups score 0,
+    /// not −inf); weights are normalised when `norm_topk_prob`, then scaled.
+    MoeRoute "moe.route" [Arity::Exact(2)] {
+        n_group: u64, norm_topk_prob: bool, routed_scaling_factor: f64, top_k: u64, topk_group: u64,
+    }
+    /// Routed SwiGLU experts: `x [n,D]`, `weights [n,k]`, `experts [n,k]`, `gate [E,I,D]`,
+    /// `up [E,I,D]`, `down [E,D,I]` → `Σ_j weights[j] · down(silu(gate x) ⊙ up x)`, `[n,D]`.
+    MoeExperts "moe.experts" [Arity::Exact(6)] {}
+}
+
+impl Op {
+    /// Ops with an effect beyond their outputs; dead-code elimination keeps them.
+    pub fn has_side_effect(&self) -> bool {
+        matches!(self, Op::CacheUpdate { .. })
+    }
+}

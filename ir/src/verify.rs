@@ -1,0 +1,547 @@
+//! The verifier: arity, operand wiring, acyclicity, unique names, declared state, and shape and
+//! dtype inference for every op. Errors name the function, the node, the op and the operand types.
+
+use std::collections::HashSet;
+
+use petgraph::algo::is_cyclic_directed;
+use petgraph::Direction;
+
+use crate::graph::{Function, Module};
+use crate::ops::Op;
+use crate::{DType, Dim, TensorType};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("@{function}: node \"{node}\" ({op} of {}): {message}", fmt_types(.operands))]
+    Node {
+        function: String,
+        node: String,
+        op: String,
+        operands: Vec<TensorType>,
+        message: String,
+    },
+    #[error("@{function}: {message}")]
+    Graph { function: String, message: String },
+}
+
+fn fmt_types(types: &[TensorType]) -> String {
+    if types.is_empty() {
+        return "no operands".to_string();
+    }
+    types
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl VerifyError {
+    pub fn node(
+        function: &str,
+        node: &str,
+        op: &Op,
+        operands: &[&TensorType],
+        message: String,
+    ) -> VerifyError {
+        VerifyError::Node {
+            function: function.to_string(),
+            node: node.to_string(),
+            op: op.name().to_string(),
+            operands: operands.iter().map(|t| (*t).clone()).collect(),
+            message,
+        }
+    }
+}
+
+pub fn verify_module(module: &Module) -> Result<(), VerifyError> {
+    let mut names = HashSet::new();
+    for f in &module.functions {
+        if !names.insert(&f.name) {
+            return Err(VerifyError::Graph {
+                function: f.name.clone(),
+                message: "a second function of this name".into(),
+            });
+        }
+        verify_function(module, f)?;
+    }
+    Ok(())
+}
+
+pub fn verify_function(module: &Module, f: &Function) -> Result<(), VerifyError> {
+    let graph_err = |message: String| VerifyError::Graph {
+        function: f.name.clone(),
+        message,
+    };
+    if is_cyclic_directed(&f.graph) {
+        return Err(graph_err("the graph has a cycle".into()));
+    }
+    let mut names = HashSet::new();
+    let inputs = f.inputs();
+    for (i, &n) in inputs.iter().enumerate() {
+        if f.graph[n].op != (Op::Input { index: i as u64 }) {
+            return Err(graph_err(format!(
+                "input \"{}\" has index {:?}, but arguments must be numbered 0..{} without gaps",
+                f.graph[n].name,
+                f.graph[n].op.attrs().first().map(|(_, l)| l.clone()),
+                inputs.len()
+            )));
+        }
+    }
+    for n in f.graph.node_indices() {
+        let node = &f.graph[n];
+        if !names.insert(node.name.as_str()) {
+            return Err(graph_err(format!(
+                "two nodes are named \"{}\"; names must be unique",
+                node.name
+            )));
+        }
+        let mut indices: Vec<u32> = f
+            .graph
+            .edges_directed(n, Direction::Incoming)
+            .map(|e| e.weight().index)
+            .collect();
+        indices.sort();
+        let operands = f.operands(n);
+        let types: Vec<&TensorType> = operands
+            .iter()
+            .filter_map(|v| f.graph[v.node].outputs.get(v.output as usize))
+            .collect();
+        let fail = |message: String| {
+            Err(VerifyError::node(
+                &f.name, &node.name, &node.op, &types, message,
+            ))
+        };
+        if indices.iter().enumerate().any(|(i, &k)| i as u32 != k) {
+            return fail(format!(
+                "operand slots {indices:?} are not 0..{} (a dangling or doubled edge)",
+                indices.len()
+            ));
+        }
+        if types.len() != operands.len() {
+            return fail("an operand reads an output its producer does not have".into());
+        }
+        let arity = node.op.arity();
+        if !arity.accepts(operands.len()) {
+            return fail(format!("takes {arity} operands, has {}", operands.len()));
+        }
+        if let Op::CacheUpdate { state, .. } = &node.op {
+            let Some(row) = module.states.get(state) else {
+                return fail(format!(
+                    "cache state \"{state}\" is not declared in the module"
+                ));
+            };
+            let new_row = &types[0].shape[1.min(types[0].shape.len())..];
+            if row.dtype != types[0].dtype || row.shape != new_row {
+                return fail(format!(
+                    "cache state \"{state}\" holds rows of {row}, the update writes {}",
+                    types[0]
+                ));
+            }
+        }
+        let inferred = match &node.op {
+            Op::Input { .. } | Op::Weight { .. } => input_or_weight(&node.op, &node.outputs),
+            op => infer(op, &types),
+        };
+        match inferred {
+            Ok(outputs) if outputs == node.outputs => {}
+            Ok(outputs) => {
+                return fail(format!(
+                    "declared output {} but the operands give {}",
+                    fmt_types(&node.outputs),
+                    fmt_types(&outputs)
+                ))
+            }
+            Err(message) => return fail(message),
+        }
+    }
+    for (name, v) in &f.results {
+        if !f.graph.contains_node(v.node) || f.graph[v.node].outputs.len() <= v.output as usize {
+            return Err(graph_err(format!(
+                "result \"{name}\" reads a value that does not exist"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn input_or_weight(op: &Op, outputs: &[TensorType]) -> Result<Vec<TensorType>, String> {
+    if outputs.len() != 1 {
+        return Err(format!("has {} outputs, must have one", outputs.len()));
+    }
+    if let Op::Weight { recipe } = op {
+        let shape = recipe.shape().map_err(|e| format!("recipe: {e}"))?;
+        let declared: Vec<Dim> = shape.into_iter().map(Dim::Const).collect();
+        if declared != outputs[0].shape {
+            return Err(format!(
+                "the recipe gives shape {declared:?}, the node declares {}",
+                outputs[0]
+            ));
+        }
+    }
+    Ok(outputs.to_vec())
+}
+
+fn same_dim(what: &str, a: &Dim, b: &Dim) -> Result<(), String> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(format!("{what} differ: {a} vs {b}"))
+    }
+}
+
+fn rank(what: &str, t: &TensorType, r: std::ops::RangeInclusive<usize>) -> Result<(), String> {
+    if r.contains(&t.rank()) {
+        Ok(())
+    } else if r.start() == r.end() {
+        Err(format!("{what} must have rank {}, has {t}", r.start()))
+    } else {
+        Err(format!(
+            "{what} must have rank {} to {}, has {t}",
+            r.start(),
+            r.end()
+        ))
+    }
+}
+
+fn float(what: &str, t: &TensorType) -> Result<(), String> {
+    if t.dtype.is_float() {
+        Ok(())
+    } else {
+        Err(format!("{what} must be a float tensor, is {t}"))
+    }
+}
+
+fn int(what: &str, t: &TensorType) -> Result<(), String> {
+    if t.dtype.is_float() {
+        Err(format!("{what} must be an integer tensor, is {t}"))
+    } else {
+        Ok(())
+    }
+}
+
+fn same_dtype(a: &TensorType, b: &TensorType) -> Result<(), String> {
+    if a.dtype == b.dtype {
+        Ok(())
+    } else {
+        Err(format!(
+            "dtypes differ: {} vs {} (insert a cast)",
+            a.dtype, b.dtype
+        ))
+    }
+}
+
+fn last(t: &TensorType) -> &Dim {
+    t.shape.last().expect("rank checked by the caller")
+}
+
+/// Positions: one integer per query row.
+fn positions(t: &TensorType, rows: &Dim) -> Result<(), String> {
+    int("positions", t)?;
+    rank("positions", t, 1..=1)?;
+    same_dim("positions and query rows", &t.shape[0], rows)
+}
+
+/// A cache read by attention: `[t, tail..]`, or `[b, t, tail..]` with `b` = query rows.
+fn cache(what: &str, t: &TensorType, tail: usize, rows: &Dim) -> Result<Dim, String> {
+    rank(what, t, tail + 1..=tail + 2)?;
+    if t.rank() == tail + 2 {
+        same_dim(&format!("{what} batch and query rows"), &t.shape[0], rows)?;
+    }
+    Ok(t.shape[t.rank() - tail - 1].clone())
+}
+
+/// Const product and sorted symbols, to compare element counts of symbolic shapes.
+fn numel_key(shape: &[Dim]) -> (u64, Vec<&str>) {
+    let mut n = 1;
+    let mut syms = Vec::new();
+    for d in shape {
+        match d {
+            Dim::Const(k) => n *= k,
+            Dim::Sym(s) => syms.push(s.as_str()),
+        }
+    }
+    syms.sort();
+    (n, syms)
+}
+
+/// The output types of `op` applied to operands of types `x`. Arity is checked by the caller.
+pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+    if !op.arity().accepts(x.len()) {
+        return Err(format!("takes {} operands, has {}", op.arity(), x.len()));
+    }
+    let one = |t: TensorType| Ok(vec![t]);
+    match op {
+        Op::Input { .. } | Op::Weight { .. } => Err("inputs and weights declare their type".into()),
+        Op::Embed {} => {
+            rank("table", x[0], 2..=2)?;
+            float("table", x[0])?;
+            int("ids", x[1])?;
+            let mut shape = x[1].shape.clone();
+            shape.push(x[0].shape[1].clone());
+            one(TensorType::new(x[0].dtype, shape))
+        }
+        Op::Matmul {} => {
+            rank("x", x[0], 1..=4)?;
+            rank("w", x[1], 2..=2)?;
+            float("x", x[0])?;
+            same_dtype(x[0], x[1])?;
+            same_dim("inner dims of x and w", last(x[0]), &x[1].shape[1])?;
+            let mut shape = x[0].shape.clone();
+            *shape.last_mut().unwrap() = x[1].shape[0].clone();
+            one(x[0].with_shape(shape))
+        }
+        Op::MatmulHeads {} => {
+            rank("x", x[0], 2..=4)?;
+            rank("w", x[1], 3..=3)?;
+            float("x", x[0])?;
+            same_dtype(x[0], x[1])?;
+            let r = x[0].rank();
+            same_dim("heads of x and w", &x[0].shape[r - 2], &x[1].shape[0])?;
+            same_dim("inner dims of x and w", &x[0].shape[r - 1], &x[1].shape[2])?;
+            let mut shape = x[0].shape.clone();
+            shape[r - 1] = x[1].shape[1].clone();
+            one(x[0].with_shape(shape))
+        }
+        Op::Add {} | Op::Mul {} => {
+            float("lhs", x[0])?;
+            same_dtype(x[0], x[1])?;
+            if !x[0].shape.ends_with(&x[1].shape) {
+                return Err(format!(
+                    "rhs shape {} is not a trailing part of lhs shape {}",
+                    x[1], x[0]
+                ));
+            }
+            one(x[0].clone())
+        }
+        Op::Scale { .. } | Op::Silu {} | Op::Relu {} => {
+            float("x", x[0])?;
+            one(x[0].clone())
+        }
+        Op::Cast { dtype } => one(x[0].with_dtype(*dtype)),
+        Op::RmsNorm { .. } | Op::LayerNorm { .. } => {
+            float("x", x[0])?;
+            rank("x", x[0], 1..=4)?;
+            for w in &x[1..] {
+                rank("weight", w, 1..=1)?;
+                same_dtype(x[0], w)?;
+                same_dim("normalised dim and weight", last(x[0]), &w.shape[0])?;
+            }
+            one(x[0].clone())
+        }
+        Op::Rope { .. } => {
+            float("x", x[0])?;
+            rank("x", x[0], 2..=4)?;
+            positions(x[1], &x[0].shape[0])?;
+            match last(x[0]) {
+                Dim::Const(r) if r % 2 == 0 => one(x[0].clone()),
+                d => Err(format!("rotary dim {d} must be an even constant")),
+            }
+        }
+        Op::Reshape { shape } => {
+            if numel_key(shape) != numel_key(&x[0].shape) {
+                return Err(format!(
+                    "cannot reshape {} to {:?}: element counts differ",
+                    x[0], shape
+                ));
+            }
+            one(x[0].with_shape(shape.clone()))
+        }
+        Op::Slice { axis, start, end } => {
+            let a = *axis as usize;
+            let d = x[0]
+                .shape
+                .get(a)
+                .ok_or_else(|| format!("axis {axis} out of range for {}", x[0]))?;
+            let Dim::Const(n) = d else {
+                return Err(format!("cannot slice symbolic dim {d} of {}", x[0]));
+            };
+            if start >= end || end > n {
+                return Err(format!(
+                    "slice {start}..{end} of axis {axis} is outside {}",
+                    x[0]
+                ));
+            }
+            let mut shape = x[0].shape.clone();
+            shape[a] = Dim::Const(end - start);
+            one(x[0].with_shape(shape))
+        }
+        Op::Concat { axis } => {
+            let a = *axis as usize;
+            if a >= x[0].rank() {
+                return Err(format!("axis {axis} out of range for {}", x[0]));
+            }
+            let mut total = 0;
+            for t in x {
+                same_dtype(x[0], t)?;
+                let off_axis_equal = t.rank() == x[0].rank()
+                    && t.shape
+                        .iter()
+                        .zip(&x[0].shape)
+                        .enumerate()
+                        .all(|(i, (p, q))| i == a || p == q);
+                if !off_axis_equal {
+                    return Err(format!("{t} and {} differ off axis {axis}", x[0]));
+                }
+                total += t.shape[a]
+                    .as_const()
+                    .ok_or_else(|| format!("cannot concat symbolic dim of {t}"))?;
+            }
+            let mut shape = x[0].shape.clone();
+            shape[a] = Dim::Const(total);
+            one(x[0].with_shape(shape))
+        }
+        Op::CacheUpdate { batched, .. } => {
+            rank("new rows", x[0], 1..=3)?;
+            positions(x[1], &x[0].shape[0])?;
+            let mut shape = if *batched {
+                vec![x[0].shape[0].clone(), Dim::sym("t")]
+            } else {
+                vec![Dim::sym("t")]
+            };
+            shape.extend(x[0].shape[1..].iter().cloned());
+            one(x[0].with_shape(shape))
+        }
+        Op::MlaAttend { sparse, .. } => {
+            let (q_nope, q_pe, k_nope, k_pe, v) = (x[0], x[1], x[2], x[3], x[4]);
+            rank("q_nope", q_nope, 3..=3)?;
+            rank("q_pe", q_pe, 3..=3)?;
+            let (n, h) = (&q_nope.shape[0], &q_nope.shape[1]);
+            same_dim("q_nope and q_pe rows/heads", &q_pe.shape[0], n).and(same_dim(
+                "heads",
+                &q_pe.shape[1],
+                h,
+            ))?;
+            let t = cache("k_nope", k_nope, 2, n)?;
+            same_dim("k_pe and k_nope context", &cache("k_pe", k_pe, 1, n)?, &t)?;
+            same_dim("v and k_nope context", &cache("v", v, 2, n)?, &t)?;
+            let kr = k_nope.rank();
+            same_dim("heads of q and k", &k_nope.shape[kr - 2], h)?;
+            same_dim("heads of q and v", &v.shape[v.rank() - 2], h)?;
+            same_dim("nope dims of q and k", last(k_nope), last(q_nope))?;
+            same_dim("rope dims of q and k", last(k_pe), last(q_pe))?;
+            positions(x[5], n)?;
+            if *sparse {
+                topk_indices(x[6], n)?;
+            }
+            for t in [q_pe, k_nope, k_pe, v] {
+                same_dtype(q_nope, t)?;
+            }
+            one(TensorType::new(
+                q_nope.dtype,
+                vec![n.clone(), h.clone(), last(v).clone()],
+            ))
+        }
+        Op::MlaAttendAbsorbed { sparse, .. } => {
+            let (q_abs, q_pe, c_kv, k_pe) = (x[0], x[1], x[2], x[3]);
+            rank("q_abs", q_abs, 3..=3)?;
+            rank("q_pe", q_pe, 3..=3)?;
+            let (n, h) = (&q_abs.shape[0], &q_abs.shape[1]);
+            same_dim("q_abs and q_pe rows", &q_pe.shape[0], n).and(same_dim(
+                "heads",
+                &q_pe.shape[1],
+                h,
+            ))?;
+            let t = cache("c_kv", c_kv, 1, n)?;
+            same_dim("k_pe and c_kv context", &cache("k_pe", k_pe, 1, n)?, &t)?;
+            same_dim("latent dims of q_abs and c_kv", last(c_kv), last(q_abs))?;
+            same_dim("rope dims of q and k", last(k_pe), last(q_pe))?;
+            positions(x[4], n)?;
+            if *sparse {
+                topk_indices(x[5], n)?;
+            }
+            for t in [q_pe, c_kv, k_pe] {
+                same_dtype(q_abs, t)?;
+            }
+            one(q_abs.clone())
+        }
+        Op::DsaScore {} => {
+            let (q, w, k) = (x[0], x[1], x[2]);
+            rank("q", q, 3..=3)?;
+            rank("w", w, 2..=2)?;
+            let n = &q.shape[0];
+            same_dim("rows of q and w", &w.shape[0], n)?;
+            same_dim("heads of q and w", &w.shape[1], &q.shape[1])?;
+            let t = cache("k", k, 1, n)?;
+            same_dim("dims of q and k", last(k), last(q))?;
+            positions(x[3], n)?;
+            float("q", q).and(float("w", w)).and(float("k", k))?;
+            one(TensorType::new(DType::F32, vec![n.clone(), t]))
+        }
+        Op::DsaTopk { k } => {
+            rank("scores", x[0], 2..=2)?;
+            float("scores", x[0])?;
+            positions(x[1], &x[0].shape[0])?;
+            if *k == 0 {
+                return Err("k must be positive".into());
+            }
+            one(TensorType::new(
+                DType::I64,
+                vec![x[0].shape[0].clone(), Dim::Const(*k)],
+            ))
+        }
+        Op::MoeRoute {
+            n_group,
+            top_k,
+            topk_group,
+            ..
+        } => {
+            rank("logits", x[0], 2..=2)?;
+            rank("bias", x[1], 1..=1)?;
+            if x[0].dtype != DType::F32 || x[1].dtype != DType::F32 {
+                return Err("router logits and bias must be f32".into());
+            }
+            same_dim("experts of logits and bias", &x[1].shape[0], &x[0].shape[1])?;
+            let e = x[0].shape[1]
+                .as_const()
+                .ok_or("the expert count must be constant")?;
+            if *n_group == 0 || e % n_group != 0 || *topk_group == 0 || topk_group > n_group {
+                return Err(format!(
+                    "{e} experts cannot form {n_group} groups keeping {topk_group}"
+                ));
+            }
+            if *top_k == 0 || *top_k > topk_group * (e / n_group) {
+                return Err(format!(
+                    "top_k {top_k} exceeds the {} experts of the kept groups",
+                    topk_group * (e / n_group)
+                ));
+            }
+            let shape = vec![x[0].shape[0].clone(), Dim::Const(*top_k)];
+            Ok(vec![
+                TensorType::new(DType::F32, shape.clone()),
+                TensorType::new(DType::I64, shape),
+            ])
+        }
+        Op::MoeExperts {} => {
+            let (h, w, idx, gate, up, down) = (x[0], x[1], x[2], x[3], x[4], x[5]);
+            rank("x", h, 2..=2)?;
+            rank("weights", w, 2..=2)?;
+            int("experts", idx)?;
+            if w.shape != idx.shape {
+                return Err(format!("weights {w} and experts {idx} differ in shape"));
+            }
+            same_dim("rows of x and weights", &w.shape[0], &h.shape[0])?;
+            for (what, t) in [("gate", gate), ("up", up), ("down", down)] {
+                rank(what, t, 3..=3)?;
+                same_dtype(h, t)?;
+            }
+            if gate.shape != up.shape {
+                return Err(format!("gate {gate} and up {up} differ in shape"));
+            }
+            same_dim("experts of gate and down", &down.shape[0], &gate.shape[0])?;
+            same_dim("hidden dims of x and gate", &gate.shape[2], &h.shape[1])?;
+            same_dim("hidden dims of x and down", &down.shape[1], &h.shape[1])?;
+            same_dim(
+                "intermediate dims of gate and down",
+                &down.shape[2],
+                &gate.shape[1],
+            )?;
+            one(h.clone())
+        }
+    }
+}
+
+fn topk_indices(t: &TensorType, rows: &Dim) -> Result<(), String> {
+    int("topk", t)?;
+    rank("topk", t, 2..=2)?;
+    same_dim("topk rows and query rows", &t.shape[0], rows)
+}
