@@ -1,1 +1,49 @@
-fn main() {}
+//! The `glmc` command line.
+//!
+//! Exit codes: 0 on success, 2 on any failure (bad input, a missing file, an unknown target);
+//! errors go to stderr, one paragraph each, naming the file or field and the fix.
+
+mod cli;
+mod compile;
+mod dump;
+mod model_source;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints help and version to stdout with success, usage errors to stderr.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match std::panic::catch_unwind(|| run(cli)) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+        Err(_) => {
+            eprintln!("error: glmc hit an internal error (the message above); this is a glmc bug, please report it");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Compile(args) => compile::run(&args),
+        Command::Dump(args) => dump::run(&args),
+        Command::ImportHf(args) => model_source::import_hf(&args),
+    }
+}

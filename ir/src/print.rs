@@ -120,12 +120,61 @@ fn layer_of(name: &str) -> Option<u64> {
 /// layers that are identical up to the layer index printed once (ids as in the full dump), and
 /// a histogram of ops over the whole function. Not parseable; `print_module` is.
 pub fn print_module_summary(module: &Module) -> String {
-    let mut out = header(module);
+    let mut out = String::from("glmc.module ");
+    write_quoted(&mut out, &module.name);
+    out.push('\n');
+    out.push_str(&summarize_states(module));
     for f in &module.functions {
         out.push('\n');
         out.push_str(&summarize_function(f));
     }
     out
+}
+
+/// States that differ only in their layer index, as one line with the layers listed as ranges.
+fn summarize_states(module: &Module) -> String {
+    let mut groups: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+    for (name, row) in &module.states {
+        let key = match layer_of(name) {
+            Some(l) => (
+                name.replacen(&format!("model.layers.{l}."), "model.layers.{L}.", 1),
+                row.to_string(),
+            ),
+            None => (name.clone(), row.to_string()),
+        };
+        groups.entry(key).or_default().extend(layer_of(name));
+    }
+    let mut out = String::new();
+    for ((name, row), mut layers) in groups {
+        out.push_str("state ");
+        write_quoted(&mut out, &name);
+        write!(out, " : {row}").unwrap();
+        if !layers.is_empty() {
+            layers.sort();
+            write!(out, "  // L in {}", ranges(&layers)).unwrap();
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `[0, 1, 2, 4]` as `0..=2, 4`.
+fn ranges(sorted: &[u64]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            sorted[i].to_string()
+        } else {
+            format!("{}..={}", sorted[i], sorted[j])
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
 }
 
 fn summarize_function(f: &Function) -> String {
