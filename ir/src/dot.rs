@@ -25,17 +25,36 @@ pub fn to_dot(f: &Function) -> String {
     }
     for (i, n) in &order {
         for (k, v) in f.operands(*n).iter().enumerate() {
-            writeln!(out, "  n{} -> n{i} [label=\"{k}\"];", ids[&v.node]).unwrap();
+            writeln!(
+                out,
+                "  n{} -> n{i} [label=\"{k}{}\"];",
+                ids[&v.node],
+                output_suffix(v.output)
+            )
+            .unwrap();
         }
     }
     for (name, v) in &f.results {
         writeln!(
             out,
-            "  \"{name}\" [shape=oval];\n  n{} -> \"{name}\";",
-            ids[&v.node]
+            "  \"{name}\" [shape=oval];\n  n{} -> \"{name}\"{};",
+            ids[&v.node],
+            match v.output {
+                0 => String::new(),
+                k => format!(" [label=\"#{k}\"]"),
+            }
         )
         .unwrap();
     }
     out.push_str("}\n");
     out
+}
+
+/// ` #k` for output `k` of a multi-output node; nothing for output 0.
+fn output_suffix(output: u32) -> String {
+    if output == 0 {
+        String::new()
+    } else {
+        format!(" #{output}")
+    }
 }

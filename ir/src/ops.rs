@@ -136,10 +136,16 @@ ops! {
     /// Expanded MLA attention: `q_nope [n,H,P]`, `q_pe [n,H,R]`, `k_nope [(b,)t,H,P]`,
     /// `k_pe [(b,)t,R]` (one rope key shared by all heads), `v [(b,)t,H,V]`, `positions [n]`, and
     /// when `sparse` the selected keys `topk [n,K]` (−1 = none) → `[n,H,V]`.
-    MlaAttend "mla.attend" [Arity::Exact(if *sparse { 7 } else { 6 })] { scale: f64, sparse: bool }
+    ///
+    /// `dense_until` states the exactness rule of top-k attention: a query whose context holds at
+    /// most that many keys selects every key, so the top-k operand may be ignored for it and the
+    /// indexer skipped (0: no such claim). The result is the same either way.
+    MlaAttend "mla.attend" [Arity::Exact(if *sparse { 7 } else { 6 })] { dense_until: u64, scale: f64, sparse: bool }
     /// Absorbed MLA attention over the latent cache: `q_abs [n,H,L]`, `q_pe [n,H,R]`,
     /// `c_kv [(b,)t,L]`, `k_pe [(b,)t,R]`, `positions [n]`, (`topk [n,K]`) → `[n,H,L]`.
-    MlaAttendAbsorbed "mla.attend.absorbed" [Arity::Exact(if *sparse { 6 } else { 5 })] { scale: f64, sparse: bool }
+    MlaAttendAbsorbed "mla.attend.absorbed" [Arity::Exact(if *sparse { 6 } else { 5 })] {
+        dense_until: u64, scale: f64, sparse: bool,
+    }
     /// DSA indexer scores `Σ_h w[n,h] · relu(q[n,h]·k[t])`: `q [n,Hi,D]`, `w [n,Hi]`,
     /// `k [(b,)t,D]`, `positions [n]` → `f32 [n,t]`, `−inf` where `t > position`.
     DsaScore "dsa.score" [Arity::Exact(4)] {}
@@ -148,8 +154,9 @@ ops! {
     DsaTopk "dsa.topk" [Arity::Exact(2)] { k: u64 }
     /// Sigmoid router: `logits f32 [n,E]`, `bias [E]` (selection only) → `weights f32 [n,k]`,
     /// `experts i64 [n,k]`. Groups of `E/n_group` experts, scored by the sum of their two best,
-    /// keep `topk_group` groups (as transformers 5.17 does, the experts of dropped groups score 0,
-    /// not −inf); weights are normalised when `norm_topk_prob`, then scaled.
+    /// keep `topk_group` groups and the experts of the other groups cannot be chosen (−inf, as
+    /// transformers 5.17 does; the `group-routing` oracle fixture tells this apart from a 0
+    /// fill); weights are normalised when `norm_topk_prob`, then scaled.
     MoeRoute "moe.route" [Arity::Exact(2)] {
         n_group: u64, norm_topk_prob: bool, routed_scaling_factor: f64, top_k: u64, topk_group: u64,
     }

@@ -125,7 +125,8 @@ impl<'a> Lexer<'a> {
     }
 
     fn number(&mut self) -> Result<Tok, ParseError> {
-        let start = self.pos;
+        let (start, line, col) = (self.pos, self.line, self.col);
+        let err = |message: String| ParseError { line, col, message };
         if self.peek_char() == Some('-') {
             self.bump();
         }
@@ -146,13 +147,15 @@ impl<'a> Lexer<'a> {
         }
         let text = &self.src[start..self.pos];
         if is_float {
-            text.parse()
-                .map(Tok::Float)
-                .map_err(|_| self.err(format!("bad number `{text}`")))
+            match text.parse::<f64>() {
+                Ok(x) if x.is_finite() => Ok(Tok::Float(x)),
+                Ok(_) => Err(err(format!("number `{text}` is out of range for f64"))),
+                Err(_) => Err(err(format!("bad number `{text}`"))),
+            }
         } else {
             text.parse()
                 .map(Tok::Int)
-                .map_err(|_| self.err(format!("bad number `{text}`")))
+                .map_err(|_| err(format!("bad number `{text}`")))
         }
     }
 
@@ -187,11 +190,15 @@ impl<'a> Lexer<'a> {
     }
 }
 
+/// How deeply attribute values (lists, recipe calls) may nest; the parser recurses on them.
+const MAX_NESTING: usize = 64;
+
 struct Parser<'a> {
     lex: Lexer<'a>,
     tok: Tok,
     line: usize,
     col: usize,
+    depth: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -208,6 +215,7 @@ impl<'a> Parser<'a> {
             tok,
             line,
             col,
+            depth: 0,
         })
     }
 
@@ -293,11 +301,15 @@ impl<'a> Parser<'a> {
         let mut module = Module::new(self.string("the module name")?);
         while self.tok == Tok::Ident("state".into()) {
             self.advance()?;
+            let twice = self.err("");
             let name = self.string("the state name")?;
             self.expect_punct(':')?;
             let row = self.tensor_type()?;
             if module.states.insert(name.clone(), row).is_some() {
-                return Err(self.err(format!("state \"{name}\" is declared twice")));
+                return Err(ParseError {
+                    message: format!("state \"{name}\" is declared twice"),
+                    ..twice
+                });
             }
         }
         while self.tok != Tok::Eof {
@@ -422,20 +434,22 @@ impl<'a> Parser<'a> {
     }
 
     fn tensor_type(&mut self) -> Result<TensorType, ParseError> {
+        let (line, col) = (self.line, self.col);
         let dt = self.ident("a dtype")?;
-        let dtype = DType::from_name(&dt).ok_or_else(|| {
-            self.err(format!(
-                "unknown dtype `{dt}` (f32, bf16, f16, f8e4m3, i32, i64)"
-            ))
+        let dtype = DType::from_name(&dt).ok_or_else(|| ParseError {
+            line,
+            col,
+            message: format!("unknown dtype `{dt}` (f32, bf16, f16, f8e4m3, i32, i64)"),
         })?;
         self.expect_punct('[')?;
         let mut shape = Vec::new();
         if !self.eat_punct(']')? {
             loop {
+                let here = self.err("expected a dimension (a number or a symbol)");
                 shape.push(match self.advance()? {
                     Tok::Int(n) if n >= 0 && n <= u64::MAX as i128 => Dim::Const(n as u64),
                     Tok::Ident(s) => Dim::Sym(s),
-                    _ => return Err(self.err("expected a dimension (a number or a symbol)")),
+                    _ => return Err(here),
                 });
                 if !self.eat_punct(',')? {
                     break;
@@ -447,6 +461,19 @@ impl<'a> Parser<'a> {
     }
 
     fn lit(&mut self) -> Result<Lit, ParseError> {
+        if self.depth >= MAX_NESTING {
+            return Err(self.err(format!(
+                "attribute value nested deeper than {MAX_NESTING} levels"
+            )));
+        }
+        self.depth += 1;
+        let lit = self.lit_unnested();
+        self.depth -= 1;
+        lit
+    }
+
+    fn lit_unnested(&mut self) -> Result<Lit, ParseError> {
+        let here = self.err("expected an attribute value");
         match self.advance()? {
             Tok::Int(n) => Ok(Lit::Int(n)),
             Tok::Float(x) => Ok(Lit::Float(x)),
@@ -460,7 +487,7 @@ impl<'a> Parser<'a> {
                 }
             }
             Tok::Punct('[') => Ok(Lit::List(self.lit_items(']')?)),
-            _ => Err(self.err("expected an attribute value")),
+            _ => Err(here),
         }
     }
 

@@ -76,6 +76,8 @@ pub enum RecipeError {
     Perm { perm: Vec<u64>, shape: Vec<u64> },
     #[error("stack pattern {pattern:?} has no `{{e}}` placeholder")]
     Pattern { pattern: String },
+    #[error("{op}: the element count of {shape:?} overflows 64 bits")]
+    Overflow { op: &'static str, shape: Vec<u64> },
 }
 
 impl Recipe {
@@ -205,13 +207,24 @@ impl Recipe {
                             b: s,
                         });
                     }
-                    out[a] += s[a];
+                    out[a] = out[a].checked_add(s[a]).ok_or(RecipeError::Overflow {
+                        op: "concat",
+                        shape: s.clone(),
+                    })?;
                 }
                 Ok(out)
             }
             Recipe::Reshape { src, shape } => {
                 let from = src.shape()?;
-                let (from_n, to_n) = (from.iter().product::<u64>(), shape.iter().product::<u64>());
+                let numel = |s: &[u64]| {
+                    s.iter()
+                        .try_fold(1u64, |n, &d| n.checked_mul(d))
+                        .ok_or_else(|| RecipeError::Overflow {
+                            op: "reshape",
+                            shape: s.to_vec(),
+                        })
+                };
+                let (from_n, to_n) = (numel(&from)?, numel(shape)?);
                 if from_n != to_n {
                     return Err(RecipeError::Reshape {
                         from,

@@ -125,9 +125,11 @@ impl TensorType {
         self.shape.len()
     }
 
-    /// The number of elements when every dimension is constant.
+    /// The number of elements when every dimension is constant (and the count fits in `u64`).
     pub fn const_numel(&self) -> Option<u64> {
-        self.shape.iter().map(Dim::as_const).product()
+        self.shape
+            .iter()
+            .try_fold(1u64, |n, d| n.checked_mul(d.as_const()?))
     }
 
     pub fn with_dtype(&self, dtype: DType) -> TensorType {

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use petgraph::algo::is_cyclic_directed;
+use petgraph::algo::toposort;
 use petgraph::Direction;
 
 use crate::graph::{Function, Module};
@@ -72,29 +72,38 @@ pub fn verify_function(module: &Module, f: &Function) -> Result<(), VerifyError>
         function: f.name.clone(),
         message,
     };
-    if is_cyclic_directed(&f.graph) {
-        return Err(graph_err("the graph has a cycle".into()));
+    if let Err(cycle) = toposort(&f.graph, None) {
+        let node = &f.graph[cycle.node_id()];
+        return Err(VerifyError::node(
+            &f.name,
+            &node.name,
+            &node.op,
+            &[],
+            "the node is on a cycle".into(),
+        ));
     }
     let mut names = HashSet::new();
     let inputs = f.inputs();
     for (i, &n) in inputs.iter().enumerate() {
-        if f.graph[n].op != (Op::Input { index: i as u64 }) {
-            return Err(graph_err(format!(
-                "input \"{}\" has index {:?}, but arguments must be numbered 0..{} without gaps",
-                f.graph[n].name,
-                f.graph[n].op.attrs().first().map(|(_, l)| l.clone()),
-                inputs.len()
-            )));
+        let node = &f.graph[n];
+        let Op::Input { index } = node.op else {
+            continue;
+        };
+        if index != i as u64 {
+            return Err(VerifyError::node(
+                &f.name,
+                &node.name,
+                &node.op,
+                &[],
+                format!(
+                    "argument index {index}, but arguments must be numbered 0..{} without gaps",
+                    inputs.len()
+                ),
+            ));
         }
     }
     for n in f.graph.node_indices() {
         let node = &f.graph[n];
-        if !names.insert(node.name.as_str()) {
-            return Err(graph_err(format!(
-                "two nodes are named \"{}\"; names must be unique",
-                node.name
-            )));
-        }
         let mut indices: Vec<u32> = f
             .graph
             .edges_directed(n, Direction::Incoming)
@@ -111,6 +120,12 @@ pub fn verify_function(module: &Module, f: &Function) -> Result<(), VerifyError>
                 &f.name, &node.name, &node.op, &types, message,
             ))
         };
+        if !names.insert(node.name.as_str()) {
+            return fail(format!(
+                "two nodes are named \"{}\"; names must be unique",
+                node.name
+            ));
+        }
         if indices.iter().enumerate().any(|(i, &k)| i as u32 != k) {
             return fail(format!(
                 "operand slots {indices:?} are not 0..{} (a dangling or doubled edge)",
@@ -170,10 +185,10 @@ fn input_or_weight(op: &Op, outputs: &[TensorType]) -> Result<Vec<TensorType>, S
     }
     if let Op::Weight { recipe } = op {
         let shape = recipe.shape().map_err(|e| format!("recipe: {e}"))?;
-        let declared: Vec<Dim> = shape.into_iter().map(Dim::Const).collect();
-        if declared != outputs[0].shape {
+        let made = outputs[0].with_shape(shape.into_iter().map(Dim::Const).collect());
+        if made != outputs[0] {
             return Err(format!(
-                "the recipe gives shape {declared:?}, the node declares {}",
+                "the recipe gives {made}, the node declares {}",
                 outputs[0]
             ));
         }
@@ -250,18 +265,19 @@ fn cache(what: &str, t: &TensorType, tail: usize, rows: &Dim) -> Result<Dim, Str
     Ok(t.shape[t.rank() - tail - 1].clone())
 }
 
-/// Const product and sorted symbols, to compare element counts of symbolic shapes.
-fn numel_key(shape: &[Dim]) -> (u64, Vec<&str>) {
-    let mut n = 1;
+/// Const product and sorted symbols, to compare element counts of symbolic shapes; `None` when
+/// the const product overflows `u64`.
+fn numel_key(shape: &[Dim]) -> Option<(u64, Vec<&str>)> {
+    let mut n: u64 = 1;
     let mut syms = Vec::new();
     for d in shape {
         match d {
-            Dim::Const(k) => n *= k,
+            Dim::Const(k) => n = n.checked_mul(*k)?,
             Dim::Sym(s) => syms.push(s.as_str()),
         }
     }
     syms.sort();
-    (n, syms)
+    Some((n, syms))
 }
 
 /// The output types of `op` applied to operands of types `x`. Arity is checked by the caller.
@@ -338,10 +354,17 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
         }
         Op::Reshape { shape } => {
-            if numel_key(shape) != numel_key(&x[0].shape) {
+            let to = x[0].with_shape(shape.clone());
+            let (Some(a), Some(b)) = (numel_key(shape), numel_key(&x[0].shape)) else {
                 return Err(format!(
-                    "cannot reshape {} to {:?}: element counts differ",
-                    x[0], shape
+                    "cannot reshape {} to {to}: the element count overflows 64 bits",
+                    x[0]
+                ));
+            };
+            if a != b {
+                return Err(format!(
+                    "cannot reshape {} to {to}: element counts differ",
+                    x[0]
                 ));
             }
             one(x[0].with_shape(shape.clone()))
@@ -382,9 +405,12 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
                 if !off_axis_equal {
                     return Err(format!("{t} and {} differ off axis {axis}", x[0]));
                 }
-                total += t.shape[a]
+                let d = t.shape[a]
                     .as_const()
                     .ok_or_else(|| format!("cannot concat symbolic dim of {t}"))?;
+                total = d
+                    .checked_add(total)
+                    .ok_or_else(|| format!("concat along axis {axis} overflows 64 bits"))?;
             }
             let mut shape = x[0].shape.clone();
             shape[a] = Dim::Const(total);

@@ -315,6 +315,7 @@ fn attention(
     let mut operands = vec![q_nope, q_pe, k_nope, pe_cache, v, positions];
     operands.extend(topk);
     let attend = Op::MlaAttend {
+        dense_until: 0,
         scale: c.softmax_scale(),
         sparse: topk.is_some(),
     };

@@ -1,0 +1,678 @@
+//! The reference interpreter: executes any IR [`Function`] on the CPU, op by op.
+//!
+//! It interprets the graph and never re-implements the model by hand, so whatever the compiler
+//! builds (or a pass rewrites) can be run and compared against. Values are stored as f32 (every
+//! float dtype: a `bf16` node only means "the model's dtype") or i64 (every integer dtype);
+//! reductions that decide the result's accuracy (norm statistics, dot products, softmax, router,
+//! indexer scores, expert sums) accumulate in f64. Matmul rows and column tiles, attention
+//! (row, head) pairs, indexer rows and experts run in parallel on rayon's global pool; the
+//! summation order never depends on the thread count, so results are bit-for-bit reproducible.
+//!
+//! * [`WeightSource`] supplies weight nodes' values: a [`Checkpoint`] (through its recipe) or a
+//!   `HashMap<String, Tensor>` keyed by weight node name. An [`Interpreter`] keeps every
+//!   materialized weight, keyed by node name and recipe, across calls.
+//! * [`SequenceCache`] holds one sequence's persistent KV state. `prefill` runs for one sequence
+//!   (chunked prefill continues at the cache's length); `decode` runs for a batch, row `i` of the
+//!   inputs belonging to `caches[i]`.
+//! * Symbolic dims bind on first sight (inputs, then every node's outputs) and must keep one size
+//!   in a call; every node's result is checked against its declared type, so an inconsistent
+//!   graph or a kernel bug is an error naming the node, never a silently wrong value.
+
+mod attention;
+mod cache;
+mod kernels;
+mod moe;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use glmc_ir::{verify_function, DType, Dim, Function, Module, Node, NodeIndex, Op, Recipe};
+use glmc_ir::{TensorType, Value};
+
+pub use cache::SequenceCache;
+
+use crate::tensor::Tensor;
+use crate::weights::{Checkpoint, WeightError};
+
+/// Positions at or beyond this are rejected unless [`Interpreter::with_max_context`] says else.
+pub const DEFAULT_MAX_CONTEXT: usize = 1 << 20;
+
+/// Why a function cannot be run. Node errors name the function, the node, its op and the shapes
+/// of its operands.
+#[derive(Debug, thiserror::Error)]
+pub enum InterpError {
+    #[error("@{function}: {message}")]
+    Function { function: String, message: String },
+    #[error("@{function}: node \"{node}\" ({op} of {operands}): {message}")]
+    Node {
+        function: String,
+        node: String,
+        op: &'static str,
+        /// The operands as `dtype[dims]`, comma-separated (`no operands` when none).
+        operands: String,
+        message: String,
+    },
+    /// A [`WeightSource`] has no tensor for this weight node.
+    #[error("weight \"{name}\" is missing from the weight source")]
+    MissingWeight { name: String },
+    /// A [`Checkpoint`] cannot materialize a weight's recipe.
+    #[error("weight \"{name}\": {source}")]
+    Checkpoint {
+        name: String,
+        #[source]
+        source: Box<WeightError>,
+    },
+}
+
+fn fmt_operands(operands: &[Arc<Tensor>]) -> String {
+    if operands.is_empty() {
+        return "no operands".to_string();
+    }
+    let shapes: Vec<String> = operands
+        .iter()
+        .map(|t| format!("{}{:?}", t.dtype(), t.shape()))
+        .collect();
+    shapes.join(", ")
+}
+
+/// Where weight nodes get their values.
+pub trait WeightSource {
+    /// The value of weight node `name`, made by `recipe`. The interpreter checks its shape.
+    fn weight(&self, name: &str, recipe: &Recipe) -> Result<Tensor, InterpError>;
+}
+
+impl WeightSource for Checkpoint {
+    fn weight(&self, name: &str, recipe: &Recipe) -> Result<Tensor, InterpError> {
+        self.materialize(recipe)
+            .map_err(|source| InterpError::Checkpoint {
+                name: name.to_string(),
+                source: Box::new(source),
+            })
+    }
+}
+
+/// Weights by weight node name (tests, synthetic models); the recipe is ignored.
+impl WeightSource for HashMap<String, Tensor> {
+    fn weight(&self, name: &str, _recipe: &Recipe) -> Result<Tensor, InterpError> {
+        self.get(name)
+            .cloned()
+            .ok_or_else(|| InterpError::MissingWeight {
+                name: name.to_string(),
+            })
+    }
+}
+
+/// The per-node tracing hook: called after each executed node with its outputs.
+pub type TraceFn<'a> = dyn FnMut(&Node, &[&Tensor]) + 'a;
+
+/// A summary of one traced output, for `--trace` files.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceRecord {
+    pub node: String,
+    pub op: &'static str,
+    pub output: usize,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    /// The L2 norm, accumulated in f64.
+    pub l2: f64,
+    /// The first values (integers converted to f64).
+    pub first: Vec<f64>,
+}
+
+impl TraceRecord {
+    /// One record per output of `node`, with up to `first_n` leading values each.
+    pub fn summarize(node: &Node, outputs: &[&Tensor], first_n: usize) -> Vec<TraceRecord> {
+        outputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (l2, first) = match (t.as_f32(), t.as_i64()) {
+                    (Ok(v), _) => l2_and_first(v.iter().map(|&x| x as f64), first_n),
+                    (_, Ok(v)) => l2_and_first(v.iter().map(|&x| x as f64), first_n),
+                    _ => (0.0, Vec::new()),
+                };
+                TraceRecord {
+                    node: node.name.clone(),
+                    op: node.op.name(),
+                    output: i,
+                    shape: t.shape().to_vec(),
+                    dtype: t.dtype(),
+                    l2,
+                    first,
+                }
+            })
+            .collect()
+    }
+}
+
+fn l2_and_first(values: impl Iterator<Item = f64>, first_n: usize) -> (f64, Vec<f64>) {
+    let mut first = Vec::with_capacity(first_n);
+    let mut sum = 0.0;
+    for (k, x) in values.enumerate() {
+        if k < first_n {
+            first.push(x);
+        }
+        sum += x * x;
+    }
+    (sum.sqrt(), first)
+}
+
+/// Runs functions; keeps materialized weights between calls.
+pub struct Interpreter {
+    max_context: usize,
+    /// Weight node name → (its recipe, its value). A hit needs an equal recipe.
+    weights: HashMap<String, (Recipe, Arc<Tensor>)>,
+}
+
+impl Default for Interpreter {
+    fn default() -> Self {
+        Interpreter::new()
+    }
+}
+
+impl Interpreter {
+    pub fn new() -> Interpreter {
+        Interpreter {
+            max_context: DEFAULT_MAX_CONTEXT,
+            weights: HashMap::new(),
+        }
+    }
+
+    /// Rejects any position `>= max_context`.
+    pub fn with_max_context(mut self, max_context: usize) -> Interpreter {
+        self.max_context = max_context;
+        self
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// How many weights are materialized and kept.
+    pub fn cached_weights(&self) -> usize {
+        self.weights.len()
+    }
+
+    /// Forgets every materialized weight (e.g. before switching to another checkpoint: the cache
+    /// is keyed by node name and recipe, not by source).
+    pub fn clear_weights(&mut self) {
+        self.weights.clear();
+    }
+
+    /// Runs `f` of `module` on `inputs` (by argument index) and returns its results in
+    /// `f.results` order. `caches` are the sequences' persistent states: exactly one for a
+    /// `cache.update` that is not batched (prefill), one per input row for a batched one (decode);
+    /// a function without `cache.update` may get none.
+    pub fn run(
+        &mut self,
+        module: &Module,
+        f: &Function,
+        weights: &dyn WeightSource,
+        caches: &mut [&mut SequenceCache],
+        inputs: &[Tensor],
+    ) -> Result<Vec<Tensor>, InterpError> {
+        self.run_traced(module, f, weights, caches, inputs, &mut |_, _| {})
+    }
+
+    /// [`Interpreter::run`], calling `trace` after each node with its outputs.
+    ///
+    /// On error the caches are rolled back to their lengths before the call (rows this call
+    /// appended are dropped; a row it overwrote below the old length stays overwritten).
+    pub fn run_traced(
+        &mut self,
+        module: &Module,
+        f: &Function,
+        weights: &dyn WeightSource,
+        caches: &mut [&mut SequenceCache],
+        inputs: &[Tensor],
+        trace: &mut TraceFn<'_>,
+    ) -> Result<Vec<Tensor>, InterpError> {
+        let snapshots: Vec<_> = caches.iter().map(|c| c.snapshot()).collect();
+        let result = self.execute(module, f, weights, caches, inputs, trace);
+        if result.is_err() {
+            for (c, s) in caches.iter_mut().zip(snapshots) {
+                c.restore(s);
+            }
+        }
+        result
+    }
+
+    fn execute(
+        &mut self,
+        module: &Module,
+        f: &Function,
+        weights: &dyn WeightSource,
+        caches: &mut [&mut SequenceCache],
+        inputs: &[Tensor],
+        trace: &mut TraceFn<'_>,
+    ) -> Result<Vec<Tensor>, InterpError> {
+        let function_error = |message: String| InterpError::Function {
+            function: f.name.clone(),
+            message,
+        };
+        verify_function(module, f)
+            .map_err(|e| function_error(format!("the function does not verify: {e}")))?;
+        let input_nodes = f.inputs();
+        if inputs.len() != input_nodes.len() {
+            let declared: Vec<String> = input_nodes
+                .iter()
+                .map(|&n| format!("{}: {}", f.graph[n].name, f.graph[n].outputs[0]))
+                .collect();
+            return Err(function_error(format!(
+                "takes {} inputs ({}), got {}",
+                input_nodes.len(),
+                declared.join(", "),
+                inputs.len()
+            )));
+        }
+        let mut env = Env {
+            function: &f.name,
+            max_context: self.max_context,
+            bindings: HashMap::new(),
+        };
+        for (k, (&n, t)) in input_nodes.iter().zip(inputs).enumerate() {
+            let what = format!("input {k} \"{}\"", f.graph[n].name);
+            env.bind(&f.graph[n].outputs[0], t, &what)
+                .map_err(function_error)?;
+        }
+
+        let order = live_order(f);
+        // Values still to be read; results are kept to the end.
+        let results: HashSet<Value> = f.results.iter().map(|(_, v)| *v).collect();
+        let mut uses: HashMap<Value, usize> = HashMap::new();
+        let operands: HashMap<NodeIndex, Vec<Value>> =
+            order.iter().map(|&n| (n, f.operands(n))).collect();
+        for ops in operands.values() {
+            for v in ops {
+                *uses.entry(*v).or_default() += 1;
+            }
+        }
+
+        let mut values: HashMap<Value, Arc<Tensor>> = HashMap::new();
+        for &n in &order {
+            let node = &f.graph[n];
+            let ops = &operands[&n];
+            let args: Vec<Arc<Tensor>> = ops.iter().map(|v| values[v].clone()).collect();
+            let node_error = |message: String| InterpError::Node {
+                function: f.name.clone(),
+                node: node.name.clone(),
+                op: node.op.name(),
+                operands: fmt_operands(&args),
+                message,
+            };
+            let outputs = self
+                .eval(node, &args, &mut env, module, weights, caches, inputs)
+                .map_err(|e| match e {
+                    Failure::Message(m) => node_error(m),
+                    Failure::Source(e) => node_error(e.to_string()),
+                })?;
+            if outputs.len() != node.outputs.len() {
+                return Err(node_error(format!(
+                    "made {} outputs, declares {}",
+                    outputs.len(),
+                    node.outputs.len()
+                )));
+            }
+            for (i, (t, ty)) in outputs.iter().zip(&node.outputs).enumerate() {
+                env.bind(ty, t, &format!("output {i} of \"{}\"", node.name))
+                    .map_err(node_error)?;
+            }
+            let refs: Vec<&Tensor> = outputs.iter().map(|t| t.as_ref()).collect();
+            trace(node, &refs);
+            for (i, t) in outputs.into_iter().enumerate() {
+                let v = Value {
+                    node: n,
+                    output: i as u32,
+                };
+                if results.contains(&v) || uses.get(&v).copied().unwrap_or(0) > 0 {
+                    values.insert(v, t);
+                }
+            }
+            for v in ops {
+                let u = uses.get_mut(v).expect("counted above");
+                *u -= 1;
+                if *u == 0 && !results.contains(v) {
+                    values.remove(v);
+                }
+            }
+        }
+        let results: Vec<Arc<Tensor>> =
+            f.results
+                .iter()
+                .map(|(name, v)| {
+                    values.get(v).cloned().ok_or_else(|| {
+                        function_error(format!("result \"{name}\" was not computed"))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        drop(values);
+        Ok(results.into_iter().map(Arc::unwrap_or_clone).collect())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn eval(
+        &mut self,
+        node: &Node,
+        args: &[Arc<Tensor>],
+        env: &mut Env<'_>,
+        module: &Module,
+        weights: &dyn WeightSource,
+        caches: &mut [&mut SequenceCache],
+        inputs: &[Tensor],
+    ) -> Result<Vec<Arc<Tensor>>, Failure> {
+        let a = |i: usize| -> &Tensor { &args[i] };
+        let one = |t: Tensor| Ok(vec![Arc::new(t)]);
+        match &node.op {
+            Op::Input { index } => Ok(vec![Arc::new(inputs[*index as usize].clone())]),
+            Op::Weight { recipe } => Ok(vec![self.weight(node, recipe, weights)?]),
+            Op::Embed {} => one(kernels::embed(a(0), a(1))?),
+            Op::Matmul {} => one(kernels::matmul(a(0), a(1))?),
+            Op::MatmulHeads {} => one(kernels::matmul_heads(a(0), a(1))?),
+            Op::Add {} => one(kernels::binary(a(0), a(1), |x, y| x + y)?),
+            Op::Mul {} => one(kernels::binary(a(0), a(1), |x, y| x * y)?),
+            Op::Scale { factor } => {
+                let factor = *factor;
+                one(kernels::unary(a(0), move |x| x * factor)?)
+            }
+            Op::Silu {} => one(kernels::unary(a(0), |x| x / (1.0 + (-x).exp()))?),
+            Op::Relu {} => one(kernels::unary(a(0), |x| x.max(0.0))?),
+            Op::Cast { dtype } => one(kernels::cast(a(0), *dtype)?),
+            Op::RmsNorm { eps } => one(kernels::rmsnorm(a(0), a(1), *eps)?),
+            Op::LayerNorm { eps } => one(kernels::layernorm(a(0), a(1), a(2), *eps)?),
+            Op::Rope { interleaved, theta } => {
+                let rows = a(0).shape().first().copied().unwrap_or(0);
+                let pos = env.positions(a(1), rows)?;
+                one(kernels::rope(a(0), &pos, *interleaved, *theta)?)
+            }
+            Op::Reshape { shape } => {
+                let shape = env.resolve(shape, a(0).numel())?;
+                one(a(0).clone().reshape(shape).map_err(msg)?)
+            }
+            Op::Slice { axis, start, end } => one(a(0)
+                .slice(*axis as usize, *start as usize, *end as usize)
+                .map_err(msg)?),
+            Op::Concat { axis } => {
+                let parts: Vec<Tensor> = args.iter().map(|t| (**t).clone()).collect();
+                one(Tensor::concat(*axis as usize, &parts).map_err(msg)?)
+            }
+            Op::CacheUpdate { batched, state } => {
+                let rows = a(0).shape().first().copied().unwrap_or(0);
+                let pos = env.positions(a(1), rows)?;
+                let row_type = module.states.get(state).ok_or_else(|| {
+                    Failure::Message(format!("cache state \"{state}\" is not declared"))
+                })?;
+                one(cache::update(
+                    caches,
+                    state,
+                    row_type,
+                    *batched,
+                    a(0),
+                    &pos,
+                )?)
+            }
+            Op::MlaAttend { scale, sparse, .. } => {
+                let rows = a(0).shape().first().copied().unwrap_or(0);
+                let pos = env.positions(a(5), rows)?;
+                let topk = if *sparse { Some(a(6)) } else { None };
+                one(attention::mla_expanded(
+                    a(0),
+                    a(1),
+                    a(2),
+                    a(3),
+                    a(4),
+                    &pos,
+                    topk,
+                    *scale,
+                )?)
+            }
+            Op::MlaAttendAbsorbed { scale, sparse, .. } => {
+                let rows = a(0).shape().first().copied().unwrap_or(0);
+                let pos = env.positions(a(4), rows)?;
+                let topk = if *sparse { Some(a(5)) } else { None };
+                one(attention::mla_absorbed(
+                    a(0),
+                    a(1),
+                    a(2),
+                    a(3),
+                    &pos,
+                    topk,
+                    *scale,
+                )?)
+            }
+            Op::DsaScore {} => {
+                let rows = a(0).shape().first().copied().unwrap_or(0);
+                let pos = env.positions(a(3), rows)?;
+                one(attention::dsa_score(a(0), a(1), a(2), &pos)?)
+            }
+            Op::DsaTopk { k } => {
+                let rows = a(0).shape().first().copied().unwrap_or(0);
+                let pos = env.positions(a(1), rows)?;
+                one(attention::dsa_topk(a(0), &pos, *k as usize)?)
+            }
+            Op::MoeRoute {
+                n_group,
+                norm_topk_prob,
+                routed_scaling_factor,
+                top_k,
+                topk_group,
+            } => {
+                let params = moe::RouteParams {
+                    n_group: *n_group as usize,
+                    topk_group: *topk_group as usize,
+                    top_k: *top_k as usize,
+                    norm_topk_prob: *norm_topk_prob,
+                    routed_scaling_factor: *routed_scaling_factor,
+                };
+                let (w, e) = moe::route(a(0), a(1), &params)?;
+                Ok(vec![Arc::new(w), Arc::new(e)])
+            }
+            Op::MoeExperts {} => one(moe::experts(a(0), a(1), a(2), a(3), a(4), a(5))?),
+        }
+    }
+
+    /// A weight node's value: from the cache when the same node name was materialized with an
+    /// equal recipe, else from `source`, checked against the node's declared type.
+    fn weight(
+        &mut self,
+        node: &Node,
+        recipe: &Recipe,
+        source: &dyn WeightSource,
+    ) -> Result<Arc<Tensor>, Failure> {
+        if let Some((r, t)) = self.weights.get(&node.name) {
+            if r == recipe {
+                return Ok(t.clone());
+            }
+        }
+        let t = source
+            .weight(&node.name, recipe)
+            .map_err(|e| Failure::Source(Box::new(e)))?;
+        let declared = &node.outputs[0];
+        let shape_ok = declared.shape.len() == t.shape().len()
+            && declared
+                .shape
+                .iter()
+                .zip(t.shape())
+                .all(|(d, &s)| d.as_const() == Some(s as u64));
+        if !shape_ok {
+            return Err(Failure::Message(format!(
+                "weight shape mismatch: the node declares {declared}, the source gives {}{:?}",
+                t.dtype(),
+                t.shape()
+            )));
+        }
+        if declared.dtype.is_float() != t.dtype().is_float() {
+            return Err(Failure::Message(format!(
+                "weight dtype mismatch: the node declares {declared}, the source gives {} data",
+                t.dtype()
+            )));
+        }
+        let t = Arc::new(t);
+        self.weights
+            .insert(node.name.clone(), (recipe.clone(), t.clone()));
+        Ok(t)
+    }
+}
+
+/// Runs `f` once with a fresh [`Interpreter`] (no weight reuse across calls).
+pub fn run_function(
+    module: &Module,
+    f: &Function,
+    weights: &dyn WeightSource,
+    caches: &mut [&mut SequenceCache],
+    inputs: &[Tensor],
+) -> Result<Vec<Tensor>, InterpError> {
+    Interpreter::new().run(module, f, weights, caches, inputs)
+}
+
+/// A kernel's failure: a message the executor wraps with the node's context, or an error from
+/// the weight source.
+enum Failure {
+    Message(String),
+    Source(Box<InterpError>),
+}
+
+impl From<String> for Failure {
+    fn from(m: String) -> Failure {
+        Failure::Message(m)
+    }
+}
+
+fn msg(e: impl std::fmt::Display) -> Failure {
+    Failure::Message(e.to_string())
+}
+
+/// Per-call state: symbol bindings and the position limit.
+struct Env<'f> {
+    function: &'f str,
+    max_context: usize,
+    /// Symbol → (size, where it was bound).
+    bindings: HashMap<String, (usize, String)>,
+}
+
+impl Env<'_> {
+    /// Checks `t` against the declared `ty`, binding symbols seen for the first time.
+    fn bind(&mut self, ty: &TensorType, t: &Tensor, what: &str) -> Result<(), String> {
+        if ty.dtype.is_float() != t.dtype().is_float() {
+            return Err(format!(
+                "{what} is declared {ty} but holds {} data",
+                t.dtype()
+            ));
+        }
+        if ty.rank() != t.shape().len() {
+            return Err(format!(
+                "{what} is declared {ty} but has shape {:?}",
+                t.shape()
+            ));
+        }
+        for (d, &size) in ty.shape.iter().zip(t.shape()) {
+            match d {
+                Dim::Const(c) => {
+                    if *c != size as u64 {
+                        return Err(format!(
+                            "{what} is declared {ty} but has shape {:?}",
+                            t.shape()
+                        ));
+                    }
+                }
+                Dim::Sym(s) => match self.bindings.get(s) {
+                    Some((bound, origin)) if *bound != size => {
+                        return Err(format!(
+                            "{what} (declared {ty}) has shape {:?}, so {s} = {size}, but {s} = \
+                             {bound} from {origin} (a symbol has one size in a call)",
+                            t.shape()
+                        ));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.bindings.insert(s.clone(), (size, what.to_string()));
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// A reshape target in concrete sizes; one unbound symbol is solved from `numel`.
+    fn resolve(&self, shape: &[Dim], numel: usize) -> Result<Vec<usize>, String> {
+        let mut out = Vec::with_capacity(shape.len());
+        let mut unknown = None;
+        for (i, d) in shape.iter().enumerate() {
+            match d {
+                Dim::Const(c) => out.push(*c as usize),
+                Dim::Sym(s) => match self.bindings.get(s) {
+                    Some((size, _)) => out.push(*size),
+                    None if unknown.is_none() => {
+                        unknown = Some(i);
+                        out.push(1);
+                    }
+                    None => {
+                        return Err(format!(
+                            "reshape target {shape:?} has more than one unbound symbol"
+                        ))
+                    }
+                },
+            }
+        }
+        if let Some(i) = unknown {
+            let known: usize = out.iter().product();
+            if known == 0 || !numel.is_multiple_of(known) {
+                return Err(format!(
+                    "cannot solve {} in reshape of {numel} elements to {shape:?}",
+                    shape[i]
+                ));
+            }
+            out[i] = numel / known;
+        }
+        Ok(out)
+    }
+
+    /// Validated positions: one per row, each in `0..max_context`.
+    fn positions(&self, t: &Tensor, rows: usize) -> Result<Vec<usize>, String> {
+        let p = t
+            .as_i64()
+            .map_err(|_| format!("positions must be integers, got {} data", t.dtype()))?;
+        if t.shape().len() != 1 || p.len() != rows {
+            return Err(format!(
+                "positions have shape {:?}, expected [{rows}] (one per row)",
+                t.shape()
+            ));
+        }
+        p.iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                if x < 0 {
+                    Err(format!("position {x} of row {i} is negative"))
+                } else if x as u64 >= self.max_context as u64 {
+                    Err(format!(
+                        "position {x} of row {i} is beyond the maximum context of {} tokens \
+                         (in @{})",
+                        self.max_context, self.function
+                    ))
+                } else {
+                    Ok(x as usize)
+                }
+            })
+            .collect()
+    }
+}
+
+/// The nodes that must run, in a topological order: those the results need, and every node
+/// with a side effect (`cache.update`) with what it needs.
+fn live_order(f: &Function) -> Vec<NodeIndex> {
+    let mut live = HashSet::new();
+    let mut stack: Vec<NodeIndex> = f.results.iter().map(|(_, v)| v.node).collect();
+    stack.extend(
+        f.graph
+            .node_indices()
+            .filter(|&n| f.graph[n].op.has_side_effect()),
+    );
+    while let Some(n) = stack.pop() {
+        if live.insert(n) {
+            stack.extend(f.operands(n).into_iter().map(|v| v.node));
+        }
+    }
+    f.canonical_order()
+        .into_iter()
+        .filter(|n| live.contains(n))
+        .collect()
+}
