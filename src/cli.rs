@@ -23,6 +23,35 @@ pub enum Command {
     Dump(DumpArgs),
     /// Convert an HF checkpoint's config.json (model_type glm_moe_dsa) into a model.ron.
     ImportHf(ImportHfArgs),
+    /// Run the model on the CPU reference interpreter: prefill a prompt, then decode token by token.
+    Run(RunArgs),
+    /// Compare two `run --trace` files and print the first node where they part.
+    CompareTrace(CompareTraceArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AttentionArg {
+    /// Sparse when the model has a DSA indexer (what it was trained with), dense otherwise.
+    Auto,
+    /// Dense causal attention; drops the indexer. Differs from a sparse-trained model once the
+    /// context exceeds index_topk.
+    Dense,
+    /// Top-k sparse attention through the indexer.
+    Sparse,
+}
+
+/// How the graph is optimised; shared by compile, dump and run.
+#[derive(Args, Clone, Debug)]
+pub struct PipelineArgs {
+    /// Optimisation level: -O0 runs no optimisation pass (select-attention still applies), -O1 all.
+    #[arg(short = 'O', default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub opt_level: u8,
+    /// Skip a pass by name (repeatable); `glmc dump --after '.*'` lists them.
+    #[arg(long = "disable-pass", value_name = "NAME")]
+    pub disable_pass: Vec<String>,
+    /// Override the config's `attention` choice.
+    #[arg(long, value_enum)]
+    pub attention: Option<AttentionArg>,
 }
 
 #[derive(Args)]
@@ -35,6 +64,11 @@ pub struct CompileArgs {
     /// Output directory; replaced as a whole, never left half-written. Default: `<model name>.glmc`.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// Print, per phase and layer kind, which attention form and which dense/sparse path was chosen, and why.
+    #[arg(long)]
+    pub explain: bool,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,6 +99,64 @@ pub struct DumpArgs {
     /// Print every layer; by default runs of identical layers are printed once, with an op histogram.
     #[arg(long)]
     pub full: bool,
+    /// Print the module after every pass whose name matches this regex (whole name), headed by
+    /// the pass name and whether it changed anything.
+    #[arg(long, value_name = "REGEX")]
+    pub after: Option<String>,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The reference interpreter (f32, multi-threaded).
+    Cpu,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// A model.ron (with --weights), or an HF checkpoint directory (config.json + safetensors).
+    pub model: PathBuf,
+    /// The checkpoint directory holding model.safetensors or model.safetensors.index.json
+    /// (default: MODEL when it is a directory).
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// The prompt as comma-separated token ids, e.g. 3,17,42.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt", required_unless_present = "prompt")]
+    pub prompt_ids: Vec<u64>,
+    /// The prompt as text, tokenized with the checkpoint's tokenizer.json.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long, default_value_t = 16)]
+    pub max_new_tokens: usize,
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Sampling temperature; 0 (the default) is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling: sample from the smallest set of tokens whose probability reaches P.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write tokens (i64 [T]), logits (f32 [T, vocab], row i = after token i) and generated
+    /// (i64 [N]) to this safetensors file.
+    #[arg(long, value_name = "FILE")]
+    pub dump_logits: Option<PathBuf>,
+    /// Write the L2 norm and first values of every named intermediate, per layer and position.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+}
+
+#[derive(Args)]
+pub struct CompareTraceArgs {
+    pub a: PathBuf,
+    pub b: PathBuf,
+    /// Relative tolerance on norms and values.
+    #[arg(long, default_value_t = 1e-3)]
+    pub rtol: f64,
 }
 
 #[derive(Args)]

@@ -1,4 +1,4 @@
-//! `glmc compile`: config → verified graph → artifact directory.
+//! `glmc compile`, and the build every command shares: config → graph → pass pipeline.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -6,39 +6,95 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use glmc_codegen::Target;
 use glmc_ir::{print_function, print_module, print_module_summary, verify_module, Module};
+use glmc_models::{AttentionMode, ModelConfig};
+use glmc_passes::{pipeline, AttentionChoice, PassRecord, PipelineOptions};
+use regex::Regex;
 
-use crate::cli::CompileArgs;
+use crate::cli::{AttentionArg, CompileArgs, PipelineArgs};
+use crate::explain::explain;
 use crate::model_source::load_config;
 
-/// Builds and verifies the module of MODEL.
-pub fn build_module(model: &Path) -> anyhow::Result<Module> {
+/// A model after the pipeline.
+pub struct Built {
+    pub config: ModelConfig,
+    pub module: Module,
+    pub records: Vec<PassRecord>,
+    pub attention: AttentionChoice,
+}
+
+/// The attention the user asked for: the command line wins over the config.
+fn attention_choice(config: &ModelConfig, arg: Option<AttentionArg>) -> AttentionChoice {
+    match arg {
+        Some(AttentionArg::Auto) => AttentionChoice::Auto,
+        Some(AttentionArg::Dense) => AttentionChoice::Dense,
+        Some(AttentionArg::Sparse) => AttentionChoice::Sparse,
+        None => match config.attention {
+            AttentionMode::Auto => AttentionChoice::Auto,
+            AttentionMode::Dense => AttentionChoice::Dense,
+            AttentionMode::Sparse => AttentionChoice::Sparse,
+        },
+    }
+}
+
+/// Loads MODEL, builds and verifies its graph, and runs the pass pipeline; `dump_after` keeps
+/// the module after the passes it matches.
+pub fn build(
+    model: &Path,
+    args: &PipelineArgs,
+    dump_after: Option<Regex>,
+) -> anyhow::Result<Built> {
     let config = load_config(model)?;
-    let module = glmc_models::builder::build(&config).with_context(|| {
+    let mut module = glmc_models::builder::build(&config).with_context(|| {
         format!(
             "building the graph of {} (a glmc bug: the config validated)",
             model.display()
         )
     })?;
     verify_module(&module).context("verifying the built graph (a glmc bug)")?;
-    Ok(module)
+    let attention = attention_choice(&config, args.attention);
+    let options = PipelineOptions {
+        no_optimization: args.opt_level == 0,
+        attention,
+        disabled: args.disable_pass.clone(),
+    };
+    let mut pm = pipeline(&options)?;
+    if let Some(re) = dump_after {
+        pm.dump_after(re);
+    }
+    let records = pm.run(&mut module)?;
+    Ok(Built {
+        config,
+        module,
+        records,
+        attention,
+    })
 }
 
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let target: Target = args.target.parse()?;
-    let module = build_module(&args.model)?;
+    let built = build(&args.model, &args.pipeline, None)?;
+    let module = &built.module;
     let out = args
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("{}.glmc", module.name)));
+    let explanation = explain(&built);
     let mut files: Vec<(PathBuf, String)> = vec![
-        ("manifest.ron".into(), manifest(&module, target)),
-        ("ir/module.txt".into(), print_module(&module)),
-        ("ir/summary.txt".into(), print_module_summary(&module)),
+        (
+            "manifest.ron".into(),
+            manifest(module, target, &built.records),
+        ),
+        ("explain.txt".into(), explanation.clone()),
+        ("ir/module.txt".into(), print_module(module)),
+        ("ir/summary.txt".into(), print_module_summary(module)),
     ];
     for f in &module.functions {
         files.push((format!("ir/{}.txt", f.name).into(), print_function(f)));
     }
     write_dir_atomically(&out, &files)?;
+    if args.explain {
+        print!("{explanation}");
+    }
     eprintln!(
         "compiled {} for {target} into {}",
         module.name,
@@ -47,17 +103,20 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn manifest(module: &Module, target: Target) -> String {
-    let functions: Vec<String> = module
-        .functions
-        .iter()
-        .map(|f| format!("{:?}", f.name))
-        .collect();
+fn manifest(module: &Module, target: Target, records: &[PassRecord]) -> String {
+    let quoted = |names: Vec<&str>| {
+        names
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     format!(
-        "(\n    model: {:?},\n    target: {:?},\n    functions: [{}],\n    states: {},\n)\n",
+        "(\n    model: {:?},\n    target: {:?},\n    functions: [{}],\n    passes: [{}],\n    states: {},\n)\n",
         module.name,
         target.name(),
-        functions.join(", "),
+        quoted(module.functions.iter().map(|f| f.name.as_str()).collect()),
+        quoted(records.iter().map(|r| r.name).collect()),
         module.states.len()
     )
 }

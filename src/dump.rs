@@ -1,12 +1,60 @@
-//! `glmc dump`: the IR on stdout.
+//! `glmc dump`: the IR on stdout, after the whole pipeline or after chosen passes.
 
-use glmc_ir::{dot::to_dot, print_module, print_module_summary, serial::to_ron};
+use std::io::Write;
+
+use anyhow::Context;
+use glmc_ir::{dot::to_dot, print_module, print_module_summary, serial::to_ron, Module};
+use glmc_passes::manager::full_match;
+use regex::Regex;
 
 use crate::cli::{DumpArgs, Format, PhaseArg};
-use crate::compile::build_module;
+use crate::compile::build;
 
 pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
-    let mut module = build_module(&args.model)?;
+    let after = match &args.after {
+        Some(pattern) => Some(
+            Regex::new(pattern)
+                .with_context(|| format!("--after {pattern:?} is not a valid regex"))?,
+        ),
+        None => None,
+    };
+    let built = build(&args.model, &args.pipeline, after.clone())?;
+    let mut out = String::new();
+    if after.is_some() {
+        let matching = built
+            .records
+            .iter()
+            .filter(|r| after.as_ref().is_some_and(|re| full_match(re, r.name)));
+        for record in matching {
+            let status = if record.changed {
+                "changed"
+            } else {
+                "unchanged"
+            };
+            out.push_str(&format!(
+                "// ===== after pass {} ({status}) =====\n",
+                record.name
+            ));
+            if let Some(module) = &record.snapshot {
+                out.push_str(&render(args, module.clone())?);
+            }
+        }
+    } else {
+        out = render(args, built.module)?;
+    }
+    // Not `print!`: it panics when the reader goes away (`glmc dump … | head`); a closed pipe
+    // only means nobody wants the rest.
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => result.context("writing the dump to stdout"),
+    }
+}
+
+fn render(args: &DumpArgs, mut module: Module) -> anyhow::Result<String> {
     if let Some(phase) = args.phase {
         let name = match phase {
             PhaseArg::Prefill => "prefill",
@@ -14,12 +62,10 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
         };
         module.functions.retain(|f| f.name == name);
     }
-    let text = match args.format {
+    Ok(match args.format {
         Format::Text if args.full => print_module(&module),
         Format::Text => print_module_summary(&module),
         Format::Dot => module.functions.iter().map(to_dot).collect(),
         Format::Ron => to_ron(&module)?,
-    };
-    print!("{text}");
-    Ok(())
+    })
 }

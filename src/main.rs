@@ -4,9 +4,12 @@
 //! errors go to stderr, one paragraph each, naming the file or field and the fix.
 
 mod cli;
+mod compare_trace;
 mod compile;
 mod dump;
+mod explain;
 mod model_source;
+mod run;
 
 use std::process::ExitCode;
 
@@ -30,7 +33,7 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(|| run(cli)) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report(&e));
             ExitCode::from(2)
         }
         Err(_) => {
@@ -45,5 +48,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Compile(args) => compile::run(&args),
         Command::Dump(args) => dump::run(&args),
         Command::ImportHf(args) => model_source::import_hf(&args),
+        Command::Run(args) => run::run(&args),
+        Command::CompareTrace(args) => compare_trace::run(&args),
     }
+}
+
+/// The error and its causes, `: `-separated like `{e:#}`, but a cause whose text already ends the
+/// message is not repeated (a `thiserror` variant that prints `{source}` and also returns it from
+/// `source()` would otherwise show the OS error twice).
+fn report(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }

@@ -73,12 +73,18 @@ pub fn verify_function(module: &Module, f: &Function) -> Result<(), VerifyError>
         message,
     };
     if let Err(cycle) = toposort(&f.graph, None) {
-        let node = &f.graph[cycle.node_id()];
+        let n = cycle.node_id();
+        let operands = f.operands(n);
+        let types: Vec<&TensorType> = operands
+            .iter()
+            .filter_map(|v| f.graph[v.node].outputs.get(v.output as usize))
+            .collect();
+        let node = &f.graph[n];
         return Err(VerifyError::node(
             &f.name,
             &node.name,
             &node.op,
-            &[],
+            &types,
             "the node is on a cycle".into(),
         ));
     }

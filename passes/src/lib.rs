@@ -1,1 +1,16 @@
+//! glmc-passes: rewrites of the IR, one file per pass, and the pass manager that runs them,
+//! verifies after each and dumps the module by pass name.
 
+pub mod absorb_mla;
+pub mod cse;
+pub mod dce;
+pub mod fuse_mla_projections;
+pub mod manager;
+pub mod pass;
+pub mod pipeline;
+pub mod select_attention;
+
+pub use manager::{PassManager, PassRecord};
+pub use pass::{Pass, PassError};
+pub use pipeline::{pipeline, PipelineOptions, PIPELINE};
+pub use select_attention::AttentionChoice;

@@ -6,3 +6,8 @@ pub mod interp;
 pub use interp::{
     run_function, InterpError, Interpreter, SequenceCache, TraceFn, TraceRecord, WeightSource,
 };
+pub mod generate;
+pub mod sampling;
+pub use generate::{generate, Call, GenerateError, Generation, Generator};
+pub use sampling::{Sampler, Sampling, SamplingError};
+pub mod trace;

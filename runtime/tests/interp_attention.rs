@@ -158,7 +158,7 @@ fn expanded_attention_matches_naive_dense_and_sparse() {
     inputs.push(pos_t());
     let dense = run_op_ok(
         Op::MlaAttend {
-dense_until: 0,
+            dense_until: 0,
             scale,
             sparse: false,
         },
@@ -175,7 +175,7 @@ dense_until: 0,
     inputs.push((itype(&[3, 4]), i64t(&[3, 4], topk.clone())));
     let sparse = run_op_ok(
         Op::MlaAttend {
-dense_until: 0,
+            dense_until: 0,
             scale,
             sparse: true,
         },
@@ -217,7 +217,7 @@ fn batched_attention_reads_each_rows_own_sequence() {
     inputs.push((itype(&[2]), i64t(&[2], vec![1, 4])));
     let out = run_op_ok(
         Op::MlaAttend {
-dense_until: 0,
+            dense_until: 0,
             scale: 0.5,
             sparse: false,
         },
@@ -240,7 +240,7 @@ fn absorbed_attention_matches_naive() {
     let positions = [1usize, 3];
     let out = run_op_ok(
         Op::MlaAttendAbsorbed {
-dense_until: 0,
+            dense_until: 0,
             scale: 0.25,
             sparse: false,
         },
@@ -307,7 +307,11 @@ fn expanded_vs_absorbed(sparse: bool) -> f64 {
     }
     let expanded = push(
         &mut func,
-        Op::MlaAttend { dense_until: 0, scale, sparse },
+        Op::MlaAttend {
+            dense_until: 0,
+            scale,
+            sparse,
+        },
         "expanded",
         &attend,
     );
@@ -318,7 +322,11 @@ fn expanded_vs_absorbed(sparse: bool) -> f64 {
     }
     let o_lat = push(
         &mut func,
-        Op::MlaAttendAbsorbed { dense_until: 0, scale, sparse },
+        Op::MlaAttendAbsorbed {
+            dense_until: 0,
+            scale,
+            sparse,
+        },
         "o_lat",
         &attend,
     );
@@ -370,7 +378,7 @@ fn sparse_with_every_causal_key_equals_dense() {
     inputs.push((itype(&[4]), i64t(&[4], vec![0, 2, 3, 5])));
     let dense = run_op_ok(
         Op::MlaAttend {
-dense_until: 0,
+            dense_until: 0,
             scale: 0.3,
             sparse: false,
         },
@@ -386,7 +394,7 @@ dense_until: 0,
     inputs.push((itype(&[4, 6]), i64t(&[4, 6], topk)));
     let sparse = run_op_ok(
         Op::MlaAttend {
-dense_until: 0,
+            dense_until: 0,
             scale: 0.3,
             sparse: true,
         },

@@ -140,7 +140,7 @@ fn layer_module() -> Module {
         let out = push(
             &mut func,
             Op::MlaAttendAbsorbed {
-dense_until: 0,
+                dense_until: 0,
                 scale: 0.5,
                 sparse: false,
             },

@@ -1,0 +1,146 @@
+//! `glmc run`: prefill a prompt, then decode greedily (or sample) one token at a time through
+//! the `decode` graph and the caches, on the CPU reference interpreter.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use glmc_ir::Op;
+use glmc_passes::AttentionChoice;
+use glmc_runtime::trace::TraceWriter;
+use glmc_runtime::{generate, Checkpoint, Generator, Sampler, Sampling};
+use tokenizers::Tokenizer;
+
+use crate::cli::RunArgs;
+use crate::compile::{build, Built};
+
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let built = build(&args.model, &args.pipeline, None)?;
+    let dir = weights_dir(args)?;
+    let checkpoint = Checkpoint::open(&dir)?;
+    let recipes = built
+        .module
+        .functions
+        .iter()
+        .flat_map(|f| f.graph.node_weights())
+        .filter_map(|n| match &n.op {
+            Op::Weight { recipe } => Some(recipe),
+            _ => None,
+        });
+    // Every tensor is checked before any compute, so a bad checkpoint fails in a second, not
+    // after a long prefill.
+    checkpoint.check_all(recipes)?;
+
+    let tokenizer = match &args.prompt {
+        Some(_) => Some(load_tokenizer(&dir)?),
+        None => None,
+    };
+    let prompt: Vec<u64> = match (&args.prompt, &tokenizer) {
+        (Some(text), Some(tok)) => {
+            let enc = tok
+                .encode(text.as_str(), true)
+                .map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
+            enc.get_ids().iter().map(|&i| i as u64).collect()
+        }
+        _ => args.prompt_ids.clone(),
+    };
+    warn_if_dense_changes_outputs(&built, prompt.len() + args.max_new_tokens);
+
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    let mut sampler = Sampler::new(sampling)?;
+    let eos = eos_ids(&built, &dir)?;
+    let mut generator = Generator::new(&built.module, &checkpoint)?;
+    let mut trace = args.trace.as_deref().map(TraceWriter::create).transpose()?;
+    let mut hook = |call, node: &glmc_ir::Node, outputs: &[&glmc_runtime::Tensor]| {
+        if let Some(t) = trace.as_mut() {
+            t.record(call, node, outputs);
+        }
+    };
+    let generation = generate(
+        &mut generator,
+        &prompt,
+        args.max_new_tokens,
+        &mut sampler,
+        &eos,
+        &mut hook,
+    )?;
+    if let Some(t) = trace {
+        t.finish()?;
+    }
+    if let Some(path) = &args.dump_logits {
+        generation
+            .write_safetensors(path)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    match &tokenizer {
+        Some(tok) => {
+            let ids: Vec<u32> = generation.generated.iter().map(|&i| i as u32).collect();
+            let text = tok
+                .decode(&ids, true)
+                .map_err(|e| anyhow::anyhow!("decoding the output: {e}"))?;
+            println!("{text}");
+        }
+        None => {
+            let ids: Vec<String> = generation.generated.iter().map(u64::to_string).collect();
+            println!("{}", ids.join(" "));
+        }
+    }
+    Ok(())
+}
+
+fn weights_dir(args: &RunArgs) -> anyhow::Result<PathBuf> {
+    match &args.weights {
+        Some(dir) => Ok(dir.clone()),
+        None if args.model.is_dir() => Ok(args.model.clone()),
+        None => bail!(
+            "{}: a model.ron carries no weights; pass --weights DIR, an HF checkpoint directory with model.safetensors or model.safetensors.index.json",
+            args.model.display()
+        ),
+    }
+}
+
+fn load_tokenizer(dir: &Path) -> anyhow::Result<Tokenizer> {
+    let path = dir.join("tokenizer.json");
+    if !path.exists() {
+        bail!("{}: no tokenizer.json, which --prompt TEXT needs; give token ids with --prompt-ids instead", dir.display());
+    }
+    Tokenizer::from_file(&path)
+        .map_err(|e| anyhow::anyhow!("{}: not a usable tokenizer.json: {e}", path.display()))
+}
+
+/// The config's EOS ids plus those of generation_config.json, when the checkpoint has one.
+fn eos_ids(built: &Built, dir: &Path) -> anyhow::Result<Vec<u64>> {
+    let mut eos = built.config.eos_token_ids.clone();
+    let path = dir.join("generation_config.json");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column()))?;
+        match &json["eos_token_id"] {
+            serde_json::Value::Number(n) => eos.extend(n.as_u64()),
+            serde_json::Value::Array(ids) => {
+                eos.extend(ids.iter().filter_map(serde_json::Value::as_u64))
+            }
+            _ => {}
+        }
+    }
+    eos.sort();
+    eos.dedup();
+    Ok(eos)
+}
+
+/// Forcing dense attention on a model trained sparse is exact only while every query's context
+/// fits in index_topk; past that the outputs change with no error, so say so.
+fn warn_if_dense_changes_outputs(built: &Built, context: usize) {
+    let Some(indexer) = &built.config.indexer else {
+        return;
+    };
+    if built.attention == AttentionChoice::Dense && context as u64 > indexer.index_topk {
+        eprintln!(
+            "warning: attention forced dense on a model trained with sparse attention; the context reaches {context} tokens, past index_topk={}, so from there on the outputs differ from the model's",
+            indexer.index_topk
+        );
+    }
+}
