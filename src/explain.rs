@@ -23,8 +23,9 @@ pub fn explain(built: &Built) -> String {
         (AttentionChoice::Dense, None) => "attention=dense and the model has no indexer".to_string(),
     };
     writeln!(out, "{}: {reason}", built.module.name).unwrap();
+    let absorb_ran = built.records.iter().any(|r| r.name == "absorb-mla");
     for f in &built.module.functions {
-        for (first, last, what) in runs(&built.module, f) {
+        for (first, last, what) in runs(&built.module, f, absorb_ran) {
             let layers = if first == last {
                 format!("layer {first}")
             } else {
@@ -37,7 +38,7 @@ pub fn explain(built: &Built) -> String {
 }
 
 /// Consecutive layers with the same description: (first layer, last layer, description).
-fn runs(module: &Module, f: &Function) -> Vec<(u64, u64, String)> {
+fn runs(module: &Module, f: &Function, absorb_ran: bool) -> Vec<(u64, u64, String)> {
     let mut runs: Vec<(u64, u64, String)> = Vec::new();
     for n in f.canonical_order() {
         let node = f.node(n);
@@ -81,18 +82,30 @@ fn runs(module: &Module, f: &Function) -> Vec<(u64, u64, String)> {
         } else {
             what.push_str("dense causal");
         }
-        let cache: u64 = module
+        let (mut latent, mut index_keys) = (0, 0);
+        for (name, row) in module
             .states
             .iter()
             .filter(|(name, _)| layer_of(name) == Some(layer))
-            .filter_map(|(_, row)| row.const_numel())
-            .sum();
-        if absorbed {
-            write!(what, ", absorbed MLA over the latent cache").unwrap();
-        } else {
-            write!(what, ", expanded MLA (per-head K/V from kv_b_proj)").unwrap();
+        {
+            let values = row.const_numel().unwrap_or(0);
+            if name.contains(".indexer.") {
+                index_keys += values;
+            } else {
+                latent += values;
+            }
         }
-        write!(what, "; kv cache {cache} values/token/layer").unwrap();
+        what.push_str(match (absorbed, f.name.as_str(), sparse) {
+            (true, "decode", _) => "; absorbed MLA (decode: one query per sequence reads the latent cache directly)",
+            (true, _, true) => "; absorbed MLA (sparse: each query reads at most top-k latent entries)",
+            (true, _, false) => "; absorbed MLA",
+            (false, _, _) if !absorb_ran => "; expanded MLA (absorb-mla did not run)",
+            (false, _, _) => "; expanded MLA (dense prefill: per-head K/V from kv_b_proj, cheaper for long prompts)",
+        });
+        write!(what, "; cache {latent} values/token").unwrap();
+        if index_keys > 0 {
+            write!(what, " + indexer keys {index_keys}").unwrap();
+        }
         match runs.last_mut() {
             Some((_, last, prev)) if *prev == what && *last + 1 == layer => *last = layer,
             _ => runs.push((layer, layer, what)),
