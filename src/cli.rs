@@ -67,6 +67,11 @@ pub struct CompileArgs {
     /// Print, per phase and layer kind, which attention form and which dense/sparse path was chosen, and why.
     #[arg(long)]
     pub explain: bool,
+    /// Print a memory report, also written to report.txt: per phase the activation arena, peak
+    /// live bytes, largest intermediate, weights and KV cache bytes (prefill: 8192 tokens from an
+    /// empty cache; decode: batch 64 at a 131072-token context).
+    #[arg(long)]
+    pub report: bool,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }

@@ -91,9 +91,19 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     for f in &module.functions {
         files.push((format!("ir/{}.txt", f.name).into(), print_function(f)));
     }
+    let report = if args.report {
+        let text = crate::report::report(module, target)?;
+        files.push(("report.txt".into(), text.clone()));
+        Some(text)
+    } else {
+        None
+    };
     write_dir_atomically(&out, &files)?;
     if args.explain {
         print!("{explanation}");
+    }
+    if let Some(text) = &report {
+        print!("{text}");
     }
     eprintln!(
         "compiled {} for {target} into {}",

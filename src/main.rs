@@ -9,6 +9,7 @@ mod compile;
 mod dump;
 mod explain;
 mod model_source;
+mod report;
 mod run;
 
 use std::process::ExitCode;

@@ -113,6 +113,9 @@ ops! {
     /// Elementwise; the right operand may be a trailing suffix of the left's shape (broadcast).
     Add "add" [Arity::Exact(2)] {}
     Mul "mul" [Arity::Exact(2)] {}
+    /// `silu(g) ⊙ u` (`fuse-elementwise`): `g`, `u` of one type → that type. Equal to
+    /// `mul(silu(g), u)`, the activation rounded to the node's dtype before the product.
+    Swiglu "swiglu" [Arity::Exact(2)] {}
     /// Multiplication by a constant.
     Scale "scale" [Arity::Exact(1)] { factor: f64 }
     Silu "silu" [Arity::Exact(1)] {}
@@ -120,11 +123,26 @@ ops! {
     Cast "cast" [Arity::Exact(1)] { dtype: DType }
     /// `w ⊙ x / sqrt(mean(x²) + eps)` over the last axis; `x [.., D]`, `w [D]`.
     RmsNorm "rmsnorm" [Arity::Exact(2)] { eps: f64 }
+    /// A residual add and the RMSNorm that reads it (`fuse-elementwise`): `h [.., D]`, `d` (as
+    /// `add`'s rhs), `w [D]` → two outputs of `h`'s type: `rmsnorm(r, w)` and the sum
+    /// `r = h + d` (for the next residual add). Each equals its unfused op (the norm reads the
+    /// sum as stored). The normalised value is output 0 because the node carries the norm's
+    /// name, and a name stands for a node's output 0 wherever values are compared by name.
+    AddRmsNorm "add.rmsnorm" [Arity::Exact(3)] { eps: f64 }
     /// `(x − μ) / sqrt(var + eps) · w + b` over the last axis.
     LayerNorm "layernorm" [Arity::Exact(3)] { eps: f64 }
     /// Rotary embedding of the whole last axis of `x [n, .., R]` at `positions [n]`, with
     /// frequencies `theta^(−2i/R)`; `interleaved` rotates pairs `(2i, 2i+1)`, otherwise `(i, i+R/2)`.
     Rope "rope" [Arity::Exact(2)] { interleaved: bool, theta: f64 }
+    /// `matmul` with rope in its epilogue (`fuse-elementwise`): `x [n, .., K]`, `w [N, K]`,
+    /// `positions [n]` → `[n, .., N]`, the matmul's output where, in every block of `period`
+    /// consecutive columns, columns `start..end` are rotated as one rope vector (`rope` with
+    /// `interleaved`, `theta` and R = `end − start`) at the position of the row (axis 0).
+    /// `period` divides N; `period` = N rotates one range per row, `period` = head dim one per
+    /// head of a `[n, H, D]` view.
+    MatmulRope "matmul.rope" [Arity::Exact(3)] {
+        end: u64, interleaved: bool, period: u64, start: u64, theta: f64,
+    }
     Reshape "reshape" [Arity::Exact(1)] { shape: Vec<Dim> }
     /// Elements `start..end` of `axis`.
     Slice "slice" [Arity::Exact(1)] { axis: u64, start: u64, end: u64 }

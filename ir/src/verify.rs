@@ -335,6 +335,13 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             one(x[0].clone())
         }
+        Op::Swiglu {} => {
+            float("g", x[0])?;
+            if x[0] != x[1] {
+                return Err(format!("g {} and u {} must have one type", x[0], x[1]));
+            }
+            one(x[0].clone())
+        }
         Op::Scale { .. } | Op::Silu {} | Op::Relu {} => {
             float("x", x[0])?;
             one(x[0].clone())
@@ -350,6 +357,13 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             one(x[0].clone())
         }
+        Op::AddRmsNorm { eps } => {
+            // Exactly the add's and then the norm's rules, so the fused node accepts what the
+            // pair did.
+            let sum = infer(&Op::Add {}, &x[..2])?.remove(0);
+            let normed = infer(&Op::RmsNorm { eps: *eps }, &[&sum, x[2]])?.remove(0);
+            Ok(vec![normed, sum])
+        }
         Op::Rope { .. } => {
             float("x", x[0])?;
             rank("x", x[0], 2..=4)?;
@@ -358,6 +372,27 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
                 Dim::Const(r) if r % 2 == 0 => one(x[0].clone()),
                 d => Err(format!("rotary dim {d} must be an even constant")),
             }
+        }
+        Op::MatmulRope {
+            period, start, end, ..
+        } => {
+            let out = infer(&Op::Matmul {}, &x[..2])?.remove(0);
+            rank("output", &out, 2..=4)?;
+            positions(x[2], &out.shape[0])?;
+            let n = last(&out)
+                .as_const()
+                .ok_or_else(|| format!("cannot rotate columns of symbolic width in {out}"))?;
+            if *period == 0 || n % period != 0 {
+                return Err(format!(
+                    "period {period} does not divide the {n} output columns"
+                ));
+            }
+            if start >= end || end > period || (end - start) % 2 != 0 {
+                return Err(format!(
+                    "rotated columns {start}..{end} must be a non-empty even range within the period {period}"
+                ));
+            }
+            one(out)
         }
         Op::Reshape { shape } => {
             let to = x[0].with_shape(shape.clone());

@@ -4,13 +4,16 @@
 pub mod absorb_mla;
 pub mod cse;
 pub mod dce;
+pub mod fuse_elementwise;
 pub mod fuse_mla_projections;
 pub mod manager;
 pub mod pass;
 pub mod pipeline;
+pub mod plan_memory;
 pub mod select_attention;
 
 pub use manager::{PassManager, PassRecord};
 pub use pass::{Pass, PassError};
 pub use pipeline::{pipeline, PipelineOptions, PIPELINE};
+pub use plan_memory::{kv_cache_bytes, plan_memory, MemoryPlan, PlanError};
 pub use select_attention::AttentionChoice;

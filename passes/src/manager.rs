@@ -85,7 +85,10 @@ impl PassManager {
 }
 
 /// Whether `re` matches the whole of `s` (pass names are selected by whole-name patterns).
+///
+/// The pattern is anchored rather than its first match checked: `find` returns the
+/// leftmost-first match, which for `absorb|absorb-mla` on "absorb-mla" is "absorb", and
+/// would hide the alternative that spans the whole name.
 pub fn full_match(re: &Regex, s: &str) -> bool {
-    re.find(s)
-        .is_some_and(|m| m.start() == 0 && m.end() == s.len())
+    Regex::new(&format!(r"\A(?:{})\z", re.as_str())).is_ok_and(|anchored| anchored.is_match(s))
 }

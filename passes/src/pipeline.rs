@@ -3,16 +3,18 @@
 use crate::absorb_mla::AbsorbMla;
 use crate::cse::Cse;
 use crate::dce::Dce;
+use crate::fuse_elementwise::FuseElementwise;
 use crate::fuse_mla_projections::FuseMlaProjections;
 use crate::manager::PassManager;
 use crate::pass::PassError;
 use crate::select_attention::{AttentionChoice, SelectAttention};
 
 /// Every pass of the pipeline, in the order it runs.
-pub const PIPELINE: [&str; 5] = [
+pub const PIPELINE: [&str; 6] = [
     "fuse-mla-projections",
     "select-attention",
     "absorb-mla",
+    "fuse-elementwise",
     "cse",
     "dce",
 ];
@@ -45,6 +47,7 @@ pub fn pipeline(options: &PipelineOptions) -> Result<PassManager, PassError> {
         choice: options.attention,
     });
     pm.add(AbsorbMla);
+    pm.add(FuseElementwise);
     pm.add(Cse);
     pm.add(Dce);
     for name in PIPELINE {

@@ -11,6 +11,7 @@
 use glmc_ir::{Module, Op, Value};
 
 use crate::dce::eliminate_dead_code;
+use crate::fuse_mla_projections::drop_unread_members;
 use crate::pass::{Pass, PassError};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -135,6 +136,10 @@ impl Pass for SelectAttention {
             }
         }
         changed |= eliminate_dead_code(module);
+        // A projection fused before this pass may still compute (and load) the indexer's rows.
+        for f in &mut module.functions {
+            changed |= drop_unread_members(f);
+        }
         Ok(changed)
     }
 }

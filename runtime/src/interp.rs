@@ -20,6 +20,7 @@
 
 mod attention;
 mod cache;
+mod fused;
 mod kernels;
 mod moe;
 
@@ -104,6 +105,19 @@ impl WeightSource for HashMap<String, Tensor> {
 
 /// The per-node tracing hook: called after each executed node with its outputs.
 pub type TraceFn<'a> = dyn FnMut(&Node, &[&Tensor]) + 'a;
+
+/// The per-node patch hook of [`Interpreter::run_patched`]: called after each executed node with
+/// the node, its operands' values and its outputs (already checked against the declared types).
+/// Returning `Some(outputs)` replaces the node's outputs for every later node and for the
+/// function's results; `None` keeps them.
+///
+/// It is a fault-injection hook for negative controls (a variant of the model the IR cannot
+/// express, e.g. a router that puts its bias into the expert weights, must be caught by the
+/// oracle comparison) and for debugging (overwrite one intermediate with a reference value and
+/// see whether the divergence goes away). The replacements are checked against the node's
+/// declared types like any kernel's result. A patch never changes what a `cache.update` already
+/// wrote into the caches, only the value the node returns.
+pub type PatchFn<'a> = dyn FnMut(&Node, &[&Tensor], &[&Tensor]) -> Option<Vec<Tensor>> + 'a;
 
 /// A summary of one traced output, for `--trace` files.
 #[derive(Clone, Debug, PartialEq)]
@@ -227,8 +241,29 @@ impl Interpreter {
         inputs: &[Tensor],
         trace: &mut TraceFn<'_>,
     ) -> Result<Vec<Tensor>, InterpError> {
+        let mut patch = |node: &Node, _operands: &[&Tensor], outputs: &[&Tensor]| {
+            trace(node, outputs);
+            None
+        };
+        self.run_patched(module, f, weights, caches, inputs, &mut patch)
+    }
+
+    /// [`Interpreter::run`], calling `patch` after each node with its operands and outputs; the
+    /// outputs it returns replace the node's (see [`PatchFn`]). A hook for negative controls and
+    /// debugging; [`Interpreter::run_traced`] is this with a patch that only observes.
+    ///
+    /// On error the caches are rolled back as in [`Interpreter::run_traced`].
+    pub fn run_patched(
+        &mut self,
+        module: &Module,
+        f: &Function,
+        weights: &dyn WeightSource,
+        caches: &mut [&mut SequenceCache],
+        inputs: &[Tensor],
+        patch: &mut PatchFn<'_>,
+    ) -> Result<Vec<Tensor>, InterpError> {
         let snapshots: Vec<_> = caches.iter().map(|c| c.snapshot()).collect();
-        let result = self.execute(module, f, weights, caches, inputs, trace);
+        let result = self.execute(module, f, weights, caches, inputs, patch);
         if result.is_err() {
             for (c, s) in caches.iter_mut().zip(snapshots) {
                 c.restore(s);
@@ -244,7 +279,7 @@ impl Interpreter {
         weights: &dyn WeightSource,
         caches: &mut [&mut SequenceCache],
         inputs: &[Tensor],
-        trace: &mut TraceFn<'_>,
+        patch: &mut PatchFn<'_>,
     ) -> Result<Vec<Tensor>, InterpError> {
         let function_error = |message: String| InterpError::Function {
             function: f.name.clone(),
@@ -317,8 +352,28 @@ impl Interpreter {
                 env.bind(ty, t, &format!("output {i} of \"{}\"", node.name))
                     .map_err(node_error)?;
             }
-            let refs: Vec<&Tensor> = outputs.iter().map(|t| t.as_ref()).collect();
-            trace(node, &refs);
+            let replaced = {
+                let operand_refs: Vec<&Tensor> = args.iter().map(|t| t.as_ref()).collect();
+                let refs: Vec<&Tensor> = outputs.iter().map(|t| t.as_ref()).collect();
+                patch(node, &operand_refs, &refs)
+            };
+            let outputs = match replaced {
+                None => outputs,
+                Some(replaced) => {
+                    if replaced.len() != node.outputs.len() {
+                        return Err(node_error(format!(
+                            "a patch made {} outputs, the node declares {}",
+                            replaced.len(),
+                            node.outputs.len()
+                        )));
+                    }
+                    for (i, (t, ty)) in replaced.iter().zip(&node.outputs).enumerate() {
+                        env.bind(ty, t, &format!("patched output {i} of \"{}\"", node.name))
+                            .map_err(node_error)?;
+                    }
+                    replaced.into_iter().map(Arc::new).collect()
+                }
+            };
             for (i, t) in outputs.into_iter().enumerate() {
                 let v = Value {
                     node: n,
@@ -370,19 +425,42 @@ impl Interpreter {
             Op::MatmulHeads {} => one(kernels::matmul_heads(a(0), a(1))?),
             Op::Add {} => one(kernels::binary(a(0), a(1), |x, y| x + y)?),
             Op::Mul {} => one(kernels::binary(a(0), a(1), |x, y| x * y)?),
+            Op::Swiglu {} => one(fused::swiglu(a(0), a(1))?),
             Op::Scale { factor } => {
                 let factor = *factor;
                 one(kernels::unary(a(0), move |x| x * factor)?)
             }
-            Op::Silu {} => one(kernels::unary(a(0), |x| x / (1.0 + (-x).exp()))?),
+            Op::Silu {} => one(kernels::unary(a(0), silu)?),
             Op::Relu {} => one(kernels::unary(a(0), |x| x.max(0.0))?),
             Op::Cast { dtype } => one(kernels::cast(a(0), *dtype)?),
             Op::RmsNorm { eps } => one(kernels::rmsnorm(a(0), a(1), *eps)?),
+            Op::AddRmsNorm { eps } => {
+                let [normed, sum] = fused::add_rmsnorm(a(0), a(1), a(2), *eps)?;
+                Ok(vec![Arc::new(normed), Arc::new(sum)])
+            }
             Op::LayerNorm { eps } => one(kernels::layernorm(a(0), a(1), a(2), *eps)?),
             Op::Rope { interleaved, theta } => {
                 let rows = a(0).shape().first().copied().unwrap_or(0);
                 let pos = env.positions(a(1), rows)?;
                 one(kernels::rope(a(0), &pos, *interleaved, *theta)?)
+            }
+            Op::MatmulRope {
+                interleaved,
+                theta,
+                period,
+                start,
+                end,
+            } => {
+                let rows = a(0).shape().first().copied().unwrap_or(0);
+                let pos = env.positions(a(2), rows)?;
+                let cols = fused::RopeColumns {
+                    interleaved: *interleaved,
+                    theta: *theta,
+                    period: *period as usize,
+                    start: *start as usize,
+                    end: *end as usize,
+                };
+                one(fused::matmul_rope(a(0), a(1), &pos, &cols)?)
             }
             Op::Reshape { shape } => {
                 let shape = env.resolve(shape, a(0).numel())?;
@@ -511,6 +589,11 @@ impl Interpreter {
             .insert(node.name.clone(), (recipe.clone(), t.clone()));
         Ok(t)
     }
+}
+
+/// `silu(x) = x · sigmoid(x)`, in f64: the `silu` op and the activation of `swiglu`.
+fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
 }
 
 /// Runs `f` once with a fresh [`Interpreter`] (no weight reuse across calls).

@@ -33,8 +33,74 @@ pub struct TraceEntry {
     pub shape: Vec<usize>,
     /// Integer values compare exactly, floats within a tolerance.
     pub integer: bool,
+    /// The L2 norm of the finite values.
+    #[serde(with = "json_float")]
     pub l2: f64,
+    /// How many values are infinite or NaN (masked indexer scores are −inf by design).
+    pub non_finite: usize,
+    #[serde(with = "json_floats")]
     pub first: Vec<f64>,
+}
+
+/// JSON has no infinities, and masked indexer scores are −inf: non-finite values travel as the
+/// strings `"inf"`, `"-inf"` and `"nan"`.
+mod json_float {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    pub(super) enum Repr {
+        Finite(f64),
+        Special(String),
+    }
+
+    pub(super) fn repr(x: f64) -> Repr {
+        match x {
+            x if x.is_finite() => Repr::Finite(x),
+            x if x.is_nan() => Repr::Special("nan".into()),
+            x if x > 0.0 => Repr::Special("inf".into()),
+            _ => Repr::Special("-inf".into()),
+        }
+    }
+
+    pub(super) fn value<E: serde::de::Error>(r: Repr) -> Result<f64, E> {
+        match r {
+            Repr::Finite(x) => Ok(x),
+            Repr::Special(s) => match s.as_str() {
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                "nan" => Ok(f64::NAN),
+                other => Err(E::custom(format!(
+                    "expected a number, \"inf\", \"-inf\" or \"nan\", found {other:?}"
+                ))),
+            },
+        }
+    }
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        repr(*x).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        value(Repr::deserialize(d)?)
+    }
+}
+
+mod json_floats {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::json_float::{repr, value, Repr};
+
+    pub fn serialize<S: Serializer>(xs: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        xs.iter().map(|&x| repr(x)).collect::<Vec<_>>().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Vec::<Repr>::deserialize(d)?
+            .into_iter()
+            .map(value)
+            .collect()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +185,13 @@ fn entries(call: Call, node: &Node, outputs: &[&Tensor]) -> Vec<TraceEntry> {
             position,
             shape: t.shape().to_vec(),
             integer,
-            l2: chunk.iter().map(|x| x * x).sum::<f64>().sqrt(),
+            l2: chunk
+                .iter()
+                .filter(|x| x.is_finite())
+                .map(|x| x * x)
+                .sum::<f64>()
+                .sqrt(),
+            non_finite: chunk.iter().filter(|x| !x.is_finite()).count(),
             first: chunk.iter().take(FIRST_VALUES).copied().collect(),
         };
         let per_row = t.shape().first() == Some(&rows) && !values.is_empty();
@@ -213,6 +285,16 @@ fn difference(a: &TraceEntry, b: &TraceEntry) -> f64 {
             f64::INFINITY
         };
     }
+    if a.non_finite != b.non_finite {
+        return f64::INFINITY;
+    }
+    let same = |x: &f64, y: &f64| x == y || (x.is_nan() && y.is_nan());
+    if a.l2 == b.l2 && a.first.iter().zip(&b.first).all(|(x, y)| same(x, y)) {
+        return 0.0;
+    }
+    if !(a.l2.is_finite() && b.l2.is_finite()) {
+        return f64::INFINITY;
+    }
     let scale = a.l2.max(b.l2).max(f64::MIN_POSITIVE);
     let norms = (a.l2 - b.l2).abs() / scale;
     // First values are judged against the row's size: sqrt(n) values of magnitude l2/sqrt(n).
@@ -230,4 +312,91 @@ fn difference(a: &TraceEntry, b: &TraceEntry) -> f64 {
         .map(|(x, y)| (x - y).abs() / per_value)
         .fold(0.0, f64::max);
     norms.max(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(node: &str, position: usize, l2: f64, first: Vec<f64>) -> TraceEntry {
+        TraceEntry {
+            call: "prefill@0".into(),
+            node: node.into(),
+            op: "matmul".into(),
+            output: 0,
+            position: Some(position),
+            shape: vec![3, 4],
+            integer: false,
+            l2,
+            non_finite: 0,
+            first,
+        }
+    }
+
+    /// The classic silent failure: an attention output 100× too small, which every later node
+    /// inherits. The comparison must name the attention, not a later node.
+    #[test]
+    fn names_the_first_node_that_parts() {
+        let good = vec![
+            entry("model.layers.0.input_layernorm", 0, 2.0, vec![1.0, -1.0]),
+            entry("model.layers.0.self_attn.attn", 0, 4.0, vec![2.0, 1.0]),
+            entry("model.layers.0.self_attn.o_proj", 0, 8.0, vec![3.0, 4.0]),
+        ];
+        let mut bad = good.clone();
+        bad[1].l2 /= 100.0;
+        bad[1].first = vec![0.02, 0.01];
+        bad[2].l2 = 5.0;
+        let c = compare(&good, &bad, 1e-3);
+        assert_eq!(c.compared, 3);
+        let d = c.first_divergence.expect("the traces differ");
+        assert_eq!(d.a.node, "model.layers.0.self_attn.attn");
+        assert!((d.relative - 0.99).abs() < 1e-9, "{}", d.relative);
+    }
+
+    #[test]
+    fn agrees_within_tolerance_and_counts_unmatched_entries() {
+        let a = vec![
+            entry("x", 0, 1.0, vec![0.5]),
+            entry("only_a", 0, 1.0, vec![0.5]),
+        ];
+        let b = vec![entry("x", 0, 1.0 + 1e-6, vec![0.5 + 1e-7])];
+        let c = compare(&a, &b, 1e-3);
+        assert_eq!((c.compared, c.only_in_a, c.first_divergence), (1, 1, None));
+    }
+
+    #[test]
+    fn infinities_round_trip_through_json() {
+        let mut e = entry(
+            "scores",
+            0,
+            f64::INFINITY,
+            vec![1.5, f64::NEG_INFINITY, f64::NAN],
+        );
+        e.non_finite = 2;
+        let line = serde_json::to_string(&e).unwrap();
+        let back: TraceEntry = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            (back.l2, back.first[0], back.first[1]),
+            (f64::INFINITY, 1.5, f64::NEG_INFINITY)
+        );
+        assert!(back.first[2].is_nan());
+        assert!(compare(&[e.clone()], &[back], 1e-6)
+            .first_divergence
+            .is_none());
+        let mut fewer_masked = e.clone();
+        fewer_masked.non_finite = 1;
+        assert!(compare(&[e], &[fewer_masked], 1e-6)
+            .first_divergence
+            .is_some());
+    }
+
+    #[test]
+    fn integer_values_must_match_exactly() {
+        let mut a = entry("topk", 0, 3.0, vec![0.0, 1.0]);
+        a.integer = true;
+        let mut b = a.clone();
+        b.first = vec![0.0, 2.0];
+        assert!(compare(&[a.clone()], &[b], 0.5).first_divergence.is_some());
+        assert!(compare(&[a.clone()], &[a], 0.0).first_divergence.is_none());
+    }
 }

@@ -1,0 +1,92 @@
+//! The ops `fuse-elementwise` makes: `add.rmsnorm`, `swiglu`, `matmul.rope`.
+//!
+//! Each is computed by the very kernels of the ops it replaces, in the same order and with the
+//! same intermediate rounding to f32, so a fused graph gives bit-for-bit the unfused graph's
+//! values. A GPU kernel fuses them to save memory traffic; this is the reference it is checked
+//! against.
+
+use super::kernels::{self, f32s, make, KResult};
+use crate::tensor::Tensor;
+
+/// `[rmsnorm(h + d, w), h + d]`: `add`, then `rmsnorm` reading the stored sum.
+pub(super) fn add_rmsnorm(h: &Tensor, d: &Tensor, w: &Tensor, eps: f64) -> KResult<[Tensor; 2]> {
+    let sum = kernels::binary(h, d, |x, y| x + y)?;
+    let normed = kernels::rmsnorm(&sum, w, eps)?;
+    Ok([normed, sum])
+}
+
+/// `silu(g) ⊙ u`: `silu`, then `mul` reading the stored activation.
+pub(super) fn swiglu(g: &Tensor, u: &Tensor) -> KResult<Tensor> {
+    if g.shape() != u.shape() {
+        return Err(format!(
+            "g {:?} and u {:?} must have one shape",
+            g.shape(),
+            u.shape()
+        ));
+    }
+    let act = kernels::unary(g, super::silu)?;
+    kernels::binary(&act, u, |x, y| x * y)
+}
+
+/// Where `matmul.rope` rotates: columns `start..end` of every block of `period` columns.
+pub(super) struct RopeColumns {
+    pub interleaved: bool,
+    pub theta: f64,
+    pub period: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// `matmul(x, w)`, then `rope` of columns `start..end` of every `period`-column block at the
+/// row's position: the `rope` kernel runs on exactly the `[rows, blocks, R]` tensor the unfused
+/// `rope(slice(reshape(matmul)))` reads, and its result is written back in place.
+pub(super) fn matmul_rope(
+    x: &Tensor,
+    w: &Tensor,
+    positions: &[usize],
+    cols: &RopeColumns,
+) -> KResult<Tensor> {
+    let y = kernels::matmul(x, w)?;
+    let shape = y.shape().to_vec();
+    let &RopeColumns {
+        interleaved,
+        theta,
+        period,
+        start,
+        end,
+    } = cols;
+    let n = *shape.last().expect("matmul output has an axis");
+    if shape.len() < 2 {
+        return Err(format!(
+            "output {shape:?} must have rank ≥ 2 (rows, columns)"
+        ));
+    }
+    if period == 0 || !n.is_multiple_of(period) || start >= end || end > period {
+        return Err(format!(
+            "columns {start}..{end} of every {period} do not fit the {n} output columns"
+        ));
+    }
+    let rows = shape[0];
+    if rows == 0 || y.numel() == 0 {
+        return Ok(y);
+    }
+    let blocks = y.numel() / rows / period;
+    let rotated = {
+        let view = y
+            .clone()
+            .reshape(vec![rows, blocks, period])
+            .map_err(|e| e.to_string())?;
+        let part = view.slice(2, start, end).map_err(|e| e.to_string())?;
+        kernels::rope(&part, positions, interleaved, theta)?
+    };
+    let mut data = f32s(&y, "matmul output")?.to_vec();
+    let r = end - start;
+    for (b, v) in f32s(&rotated, "rotated columns")?
+        .chunks_exact(r)
+        .enumerate()
+    {
+        let at = b * period + start;
+        data[at..at + r].copy_from_slice(v);
+    }
+    make(shape, data)
+}
