@@ -98,10 +98,7 @@ fn absorb(f: &mut Function, n: NodeIndex) -> Result<(), PassError> {
     } = src;
     let per_head = recipe.clone().reshape(vec![heads, nope + v, latent]);
     let dtype = f.value_type(q_nope).dtype;
-    let verify = |e| PassError::Verify {
-        pass: NAME,
-        source: e,
-    };
+    let verify = |e| PassError::verify(NAME, e);
     let uk_t = push_weight_once(
         f,
         format!("{weight_name}:uk_t"),

@@ -34,7 +34,7 @@ impl Pass for FuseMlaProjections {
         for f in &mut module.functions {
             for group in groups(f).into_values() {
                 if group.len() >= 2 {
-                    fuse(f, &group).map_err(|source| PassError::Verify { pass: NAME, source })?;
+                    fuse(f, &group).map_err(|source| PassError::verify(NAME, source))?;
                     changed = true;
                 }
             }

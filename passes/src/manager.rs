@@ -57,10 +57,7 @@ impl PassManager {
             let start = Instant::now();
             let changed = pass.run(module)?;
             let elapsed = start.elapsed();
-            verify_module(module).map_err(|source| PassError::Verify {
-                pass: pass.name(),
-                source,
-            })?;
+            verify_module(module).map_err(|source| PassError::verify(pass.name(), source))?;
             let wanted = self
                 .dump_after
                 .as_ref()

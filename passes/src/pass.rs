@@ -18,7 +18,7 @@ pub enum PassError {
     )]
     Verify {
         pass: &'static str,
-        source: VerifyError,
+        source: Box<VerifyError>,
     },
     #[error("pass `{pass}`, @{function}, node \"{node}\": {message}")]
     Rewrite {
@@ -29,4 +29,14 @@ pub enum PassError {
     },
     #[error("pass `{pass}`: {message}")]
     Options { pass: &'static str, message: String },
+}
+
+impl PassError {
+    /// The graph `pass` produced does not verify.
+    pub fn verify(pass: &'static str, source: VerifyError) -> PassError {
+        PassError::Verify {
+            pass,
+            source: Box::new(source),
+        }
+    }
 }

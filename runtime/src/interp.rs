@@ -341,36 +341,17 @@ impl Interpreter {
                     Failure::Message(m) => node_error(m),
                     Failure::Source(e) => node_error(e.to_string()),
                 })?;
-            if outputs.len() != node.outputs.len() {
-                return Err(node_error(format!(
-                    "made {} outputs, declares {}",
-                    outputs.len(),
-                    node.outputs.len()
-                )));
-            }
-            for (i, (t, ty)) in outputs.iter().zip(&node.outputs).enumerate() {
-                env.bind(ty, t, &format!("output {i} of \"{}\"", node.name))
-                    .map_err(node_error)?;
-            }
+            let refs: Vec<&Tensor> = outputs.iter().map(|t| t.as_ref()).collect();
+            check_outputs(&mut env, node, &refs, "").map_err(node_error)?;
             let replaced = {
                 let operand_refs: Vec<&Tensor> = args.iter().map(|t| t.as_ref()).collect();
-                let refs: Vec<&Tensor> = outputs.iter().map(|t| t.as_ref()).collect();
                 patch(node, &operand_refs, &refs)
             };
             let outputs = match replaced {
                 None => outputs,
                 Some(replaced) => {
-                    if replaced.len() != node.outputs.len() {
-                        return Err(node_error(format!(
-                            "a patch made {} outputs, the node declares {}",
-                            replaced.len(),
-                            node.outputs.len()
-                        )));
-                    }
-                    for (i, (t, ty)) in replaced.iter().zip(&node.outputs).enumerate() {
-                        env.bind(ty, t, &format!("patched output {i} of \"{}\"", node.name))
-                            .map_err(node_error)?;
-                    }
+                    let refs: Vec<&Tensor> = replaced.iter().collect();
+                    check_outputs(&mut env, node, &refs, "patched ").map_err(node_error)?;
                     replaced.into_iter().map(Arc::new).collect()
                 }
             };
@@ -594,6 +575,27 @@ impl Interpreter {
 /// `silu(x) = x · sigmoid(x)`, in f64: the `silu` op and the activation of `swiglu`.
 fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
+}
+
+/// A node's outputs (as computed, or as a patch replaced them; `what` says which) must be as
+/// many as it declares and of the declared types, binding symbols on the way.
+fn check_outputs(
+    env: &mut Env,
+    node: &Node,
+    outputs: &[&Tensor],
+    what: &str,
+) -> Result<(), String> {
+    if outputs.len() != node.outputs.len() {
+        return Err(format!(
+            "{what}outputs: {} made, {} declared",
+            outputs.len(),
+            node.outputs.len()
+        ));
+    }
+    for (i, (t, ty)) in outputs.iter().zip(&node.outputs).enumerate() {
+        env.bind(ty, t, &format!("{what}output {i} of \"{}\"", node.name))?;
+    }
+    Ok(())
 }
 
 /// Runs `f` once with a fresh [`Interpreter`] (no weight reuse across calls).
