@@ -72,6 +72,9 @@ pub struct CompileArgs {
     /// empty cache; decode: batch 64 at a 131072-token context).
     #[arg(long)]
     pub report: bool,
+    /// Print each pass's wall time and whether it changed the module (stderr; never in the artifact).
+    #[arg(long)]
+    pub time_passes: bool,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }

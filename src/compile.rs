@@ -105,6 +105,16 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     if let Some(text) = &report {
         print!("{text}");
     }
+    if args.time_passes {
+        for r in &built.records {
+            let status = if r.changed { "changed" } else { "unchanged" };
+            eprintln!(
+                "{:>10.3} ms  {:<22} {status}",
+                r.elapsed.as_secs_f64() * 1e3,
+                r.name
+            );
+        }
+    }
     eprintln!(
         "compiled {} for {target} into {}",
         module.name,

@@ -1,0 +1,215 @@
+//! `glmc run`: stopping at EOS, sampling, and bad input (exit 2, a message naming the file or
+//! tensor, never a panic), on copies of a committed oracle checkpoint.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn glmc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_glmc"))
+        .args(args)
+        .output()
+        .expect("glmc runs")
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/fixtures/sparse")
+}
+
+/// A writable copy of the `sparse` checkpoint.
+fn copy_fixture(dir: &Path) -> PathBuf {
+    let to = dir.join("ckpt");
+    fs::create_dir(&to).unwrap();
+    for entry in fs::read_dir(fixture()).unwrap() {
+        let entry = entry.unwrap();
+        fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    to
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "glmc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn failure(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+const PROMPT: &str = "5,9,200,17,3,3,41,7,99,12";
+
+#[test]
+fn generation_stops_after_an_eos_id_of_generation_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture();
+    let all = stdout(&glmc(&[
+        "run",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        PROMPT,
+        "--max-new-tokens",
+        "6",
+    ]));
+    let ids: Vec<&str> = all.split_whitespace().collect();
+    assert_eq!(ids.len(), 6);
+    // Make the third generated token an end-of-sequence id, next to an unrelated one.
+    let ckpt = copy_fixture(dir.path());
+    let config = format!("{{\"eos_token_id\": [255, {}]}}", ids[2]);
+    fs::write(ckpt.join("generation_config.json"), config).unwrap();
+    let stopped = stdout(&glmc(&[
+        "run",
+        ckpt.to_str().unwrap(),
+        "--prompt-ids",
+        PROMPT,
+        "--max-new-tokens",
+        "6",
+    ]));
+    assert_eq!(stopped, ids[..3].join(" "));
+}
+
+#[test]
+fn sampling_is_reproducible_from_the_seed() {
+    let model = fixture();
+    let sample = |seed: &str| {
+        stdout(&glmc(&[
+            "run",
+            model.to_str().unwrap(),
+            "--prompt-ids",
+            PROMPT,
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "1.5",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+        ]))
+    };
+    let greedy = stdout(&glmc(&[
+        "run",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        PROMPT,
+        "--max-new-tokens",
+        "12",
+    ]));
+    assert_eq!(sample("7"), sample("7"));
+    let draws: Vec<String> = ["1", "2", "3"].iter().map(|s| sample(s)).collect();
+    assert!(
+        draws.iter().any(|d| *d != greedy),
+        "sampling at temperature 1.5 never left the greedy path: {draws:?}"
+    );
+    let bad = failure(&glmc(&[
+        "run",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        PROMPT,
+        "--top-p",
+        "0",
+    ]));
+    assert!(bad.contains("--top-p must be in (0, 1]"), "{bad}");
+}
+
+#[test]
+fn a_truncated_checkpoint_is_named_before_any_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = copy_fixture(dir.path());
+    let weights = ckpt.join("model.safetensors");
+    let bytes = fs::read(&weights).unwrap();
+    fs::write(&weights, &bytes[..bytes.len() - 100]).unwrap();
+    let err = failure(&glmc(&[
+        "run",
+        ckpt.to_str().unwrap(),
+        "--prompt-ids",
+        PROMPT,
+    ]));
+    assert!(
+        err.contains("model.safetensors") && err.contains("truncated"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_tensor_is_named_with_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = copy_fixture(dir.path());
+    // The weights of another fixture lack the dense MLP of layer 0 that this config asks for.
+    let other = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/oracle/fixtures/no-dense/model.safetensors");
+    fs::copy(other, ckpt.join("model.safetensors")).unwrap();
+    let err = failure(&glmc(&[
+        "run",
+        ckpt.to_str().unwrap(),
+        "--prompt-ids",
+        PROMPT,
+    ]));
+    assert!(
+        err.contains("\"model.layers.0.mlp.gate_proj.weight\" is not in the checkpoint"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_prompts_and_missing_weights_are_user_errors() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    let out_of_vocab = failure(&glmc(&["run", m, "--prompt-ids", "3,256"]));
+    assert!(
+        out_of_vocab.contains("token id 256 is outside the vocabulary (0..256)"),
+        "{out_of_vocab}"
+    );
+    let no_prompt = failure(&glmc(&["run", m]));
+    assert!(no_prompt.contains("--prompt-ids"), "{no_prompt}");
+    let ron = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-sparse.ron");
+    let no_weights = failure(&glmc(&[
+        "run",
+        ron.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+    ]));
+    assert!(no_weights.contains("pass --weights DIR"), "{no_weights}");
+    let tokenizerless =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/fixtures/no-dense");
+    let no_tokenizer = failure(&glmc(&[
+        "run",
+        tokenizerless.to_str().unwrap(),
+        "--prompt",
+        "hello",
+    ]));
+    assert!(no_tokenizer.contains("no tokenizer.json"), "{no_tokenizer}");
+}
+
+#[test]
+fn time_passes_lists_every_pass_in_pipeline_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-sparse.ron");
+    let out_dir = dir.path().join("out");
+    let out = glmc(&[
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "sm120",
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--time-passes",
+    ]);
+    stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let listed: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(" ms  "))
+        .map(|l| l.split_whitespace().nth(2).unwrap())
+        .collect();
+    assert_eq!(listed, glmc_passes::PIPELINE);
+    assert!(!fs::read_to_string(out_dir.join("manifest.ron"))
+        .unwrap()
+        .contains(" ms"));
+}
