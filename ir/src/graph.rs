@@ -187,6 +187,27 @@ impl Function {
         }
     }
 
+    /// `new` takes `old`'s place: every reader of `old`'s output `i` (nodes and results) reads
+    /// `new`'s output `i`, `new` takes `old`'s name, and `old` is removed. Passes build the
+    /// replacement under a temporary name first, since names are unique.
+    pub fn take_over(&mut self, old: NodeIndex, new: NodeIndex) {
+        let name = self.graph[old].name.clone();
+        for output in 0..self.graph[old].outputs.len() as u32 {
+            self.replace_all_uses(Value { node: old, output }, Value { node: new, output });
+        }
+        self.graph.remove_node(old);
+        self.graph[new].name = name;
+    }
+
+    /// Replaces node `n` by one with a new op and operands, and `n`'s name and output types.
+    pub fn replace_op(&mut self, n: NodeIndex, op: Op, operands: &[Value]) -> NodeIndex {
+        let node = &self.graph[n];
+        let (name, outputs) = (format!("{}#replacing", node.name), node.outputs.clone());
+        let new = self.add_node(op, name, operands, outputs);
+        self.take_over(n, new);
+        new
+    }
+
     /// The `input` nodes, by argument index.
     pub fn inputs(&self) -> Vec<NodeIndex> {
         let mut inputs: Vec<(u64, NodeIndex)> = self

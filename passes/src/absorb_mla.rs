@@ -142,9 +142,7 @@ fn absorb(f: &mut Function, n: NodeIndex) -> Result<(), PassError> {
             &[o_lat.into(), uv],
         )
         .map_err(verify)?;
-    f.replace_all_uses(n.into(), out.into());
-    f.graph.remove_node(n);
-    f.graph[out].name = node.name;
+    f.take_over(n, out);
     Ok(())
 }
 

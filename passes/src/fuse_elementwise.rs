@@ -42,7 +42,6 @@ use glmc_ir::{Dim, Function, Module, NodeIndex, Op, Value};
 use petgraph::algo::has_path_connecting;
 
 use crate::pass::{Pass, PassError};
-use crate::select_attention::replace_node;
 
 pub struct FuseElementwise;
 
@@ -157,7 +156,7 @@ fn fuse_swiglu(f: &mut Function) -> bool {
             continue;
         }
         let g = input(f, act.node);
-        replace_node(f, mul, Op::Swiglu {}, &[g, u]);
+        f.replace_op(mul, Op::Swiglu {}, &[g, u]);
         f.graph.remove_node(act.node);
         changed = true;
     }
@@ -197,7 +196,7 @@ fn fuse_matmul_rope(f: &mut Function) -> bool {
             start: plan.start,
             end: plan.end,
         };
-        let fused = replace_node(f, plan.matmul, op, &[x, w, plan.positions]);
+        let fused = f.replace_op(plan.matmul, op, &[x, w, plan.positions]);
         // A name stands for one value (traces of two graphs are compared by name): the values
         // that now hold rotated columns get new names, the slice takes the rope's.
         for n in plan.between.into_iter().chain([fused]) {

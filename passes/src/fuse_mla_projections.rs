@@ -118,7 +118,6 @@ fn fuse(f: &mut Function, group: &[Projection]) -> Result<(), glmc_ir::VerifyErr
             .expect("weights have constant shapes");
         let name = f.node(p.matmul).name.clone();
         f.graph.remove_node(p.weight);
-        let old: Value = p.matmul.into();
         let slice = f.push(
             Op::Slice {
                 axis,
@@ -128,9 +127,7 @@ fn fuse(f: &mut Function, group: &[Projection]) -> Result<(), glmc_ir::VerifyErr
             format!("{name}#fused"),
             &[fused.into()],
         )?;
-        f.replace_all_uses(old, slice.into());
-        f.graph.remove_node(p.matmul);
-        f.graph[slice].name = name;
+        f.take_over(p.matmul, slice);
         start += rows;
     }
     Ok(())

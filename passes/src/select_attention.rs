@@ -8,7 +8,7 @@
 //!   dense attention there (`dense_until`), and a kernel may skip the indexer for such rows.
 //! - `auto` is sparse when the model has an indexer, dense otherwise.
 
-use glmc_ir::{Module, Op, Value};
+use glmc_ir::{Module, Op};
 
 use crate::dce::eliminate_dead_code;
 use crate::fuse_mla_projections::drop_unread_members;
@@ -131,7 +131,7 @@ impl Pass for SelectAttention {
                 } else {
                     operands.len() - 1
                 };
-                replace_node(f, n, op, &operands[..keep]);
+                f.replace_op(n, op, &operands[..keep]);
                 changed = true;
             }
         }
@@ -142,35 +142,4 @@ impl Pass for SelectAttention {
         }
         Ok(changed)
     }
-}
-
-/// Replaces node `n` by a node with the same name and outputs, a new op and new operands.
-pub(crate) fn replace_node(
-    f: &mut glmc_ir::Function,
-    n: glmc_ir::NodeIndex,
-    op: Op,
-    operands: &[Value],
-) -> glmc_ir::NodeIndex {
-    let node = f.node(n).clone();
-    let users: Vec<_> = (0..node.outputs.len() as u32)
-        .map(|o| Value { node: n, output: o })
-        .collect();
-    let placeholder = f.add_node(
-        op,
-        format!("{}#replacing", node.name),
-        operands,
-        node.outputs.clone(),
-    );
-    for v in users {
-        f.replace_all_uses(
-            v,
-            Value {
-                node: placeholder,
-                output: v.output,
-            },
-        );
-    }
-    f.graph.remove_node(n);
-    f.graph[placeholder].name = node.name;
-    placeholder
 }
