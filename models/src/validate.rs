@@ -193,7 +193,7 @@ fn validate_moe(moe: &MoeConfig) -> Check {
         return Err(InvalidConfig::new(
             "moe.topk_group",
             format!(
-                "{} exceeds n_group ({}); keep at most {} groups",
+                "{} exceeds n_group ({}); set topk_group to at most {} (the number of expert groups)",
                 moe.topk_group, moe.n_group, moe.n_group
             ),
         ));
