@@ -7,7 +7,7 @@ mod util;
 use std::cell::Cell;
 use std::collections::HashMap;
 
-use glmc_ir::{DType, Function, Module, Op, Recipe, Value};
+use glmc_ir::{DType, Function, Module, Op, Recipe};
 use glmc_runtime::{InterpError, Interpreter, SequenceCache, Tensor, TraceRecord, WeightSource};
 use util::*;
 
@@ -15,12 +15,6 @@ const D: usize = 6;
 const L: usize = 4;
 const R: usize = 2;
 const H: usize = 2;
-
-fn push(func: &mut Function, op: Op, name: &str, args: &[Value]) -> Value {
-    func.push(op, name, args)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into()
-}
 
 /// A cut-down absorbed-MLA layer over a latent cache `kv` of rows `[c (L) | k_pe (R)]`.
 /// `prefill` takes `x [s, D]`, `pos [s]`; `decode` takes `x [b, D]`, `pos [b]`, one row per
@@ -185,23 +179,7 @@ fn run(
 
 #[test]
 fn cache_update_returns_rows_up_to_the_furthest_position() {
-    let mut m = module_with_states(&[("kv", f(&["2"]))]);
-    for batched in [false, true] {
-        let mut func = Function::new(if batched { "decode" } else { "prefill" });
-        let new = func.push_input(0, "new", f(&["s", "2"]));
-        let pos = func.push_input(1, "pos", i(&["s"]));
-        let out = push(
-            &mut func,
-            Op::CacheUpdate {
-                batched,
-                state: "kv".into(),
-            },
-            "cache",
-            &[new, pos],
-        );
-        func.results = vec![("cache".into(), out)];
-        m.functions.push(func);
-    }
+    let m = cache_module();
     let w: HashMap<String, Tensor> = HashMap::new();
     let mut interp = Interpreter::new();
     let mut call = |f: &str, caches: &mut [&mut SequenceCache], rows: Vec<f32>, pos: Vec<i64>| {

@@ -5,15 +5,9 @@ mod util;
 
 use std::collections::HashMap;
 
-use glmc_ir::{DType, Function, Module, Op, Recipe, Value};
+use glmc_ir::{DType, Function, Module, Op, Recipe};
 use glmc_runtime::{Checkpoint, InterpError, Interpreter, SequenceCache, Tensor};
 use util::*;
-
-fn push(func: &mut Function, op: Op, name: &str, args: &[Value]) -> Value {
-    func.push(op, name, args)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into()
-}
 
 fn no_weights() -> HashMap<String, Tensor> {
     HashMap::new()
@@ -218,26 +212,6 @@ fn checkpoint_weights_and_a_missing_checkpoint_tensor() {
     );
 }
 
-fn cache_module() -> Module {
-    let mut m = module_with_states(&[("kv", f(&["2"]))]);
-    for batched in [false, true] {
-        let mut func = Function::new(if batched { "decode" } else { "prefill" });
-        let new = func.push_input(0, "new", f(&["s", "2"]));
-        let pos = func.push_input(1, "pos", i(&["s"]));
-        let out = push(
-            &mut func,
-            Op::CacheUpdate {
-                batched,
-                state: "kv".into(),
-            },
-            "cache",
-            &[new, pos],
-        );
-        func.results = vec![("cache".into(), out)];
-        m.functions.push(func);
-    }
-    m
-}
 
 #[test]
 fn cache_misuse() {

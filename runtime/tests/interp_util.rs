@@ -141,3 +141,33 @@ impl Rng {
 pub fn caches_mut(caches: &mut [SequenceCache]) -> Vec<&mut SequenceCache> {
     caches.iter_mut().collect()
 }
+
+/// Adds a node, panicking with the verifier's message on a type error.
+pub fn push(func: &mut Function, op: Op, name: &str, args: &[Value]) -> Value {
+    func.push(op, name, args)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into()
+}
+
+/// `prefill` and `decode` functions that only write `new [s, 2]` at `pos [s]` into cache `kv`
+/// (unbatched and batched) and return what `cache.update` gives back.
+pub fn cache_module() -> Module {
+    let mut m = module_with_states(&[("kv", f(&["2"]))]);
+    for batched in [false, true] {
+        let mut func = Function::new(if batched { "decode" } else { "prefill" });
+        let new = func.push_input(0, "new", f(&["s", "2"]));
+        let pos = func.push_input(1, "pos", i(&["s"]));
+        let out = push(
+            &mut func,
+            Op::CacheUpdate {
+                batched,
+                state: "kv".into(),
+            },
+            "cache",
+            &[new, pos],
+        );
+        func.results = vec![("cache".into(), out)];
+        m.functions.push(func);
+    }
+    m
+}
