@@ -212,7 +212,6 @@ fn checkpoint_weights_and_a_missing_checkpoint_tensor() {
     );
 }
 
-
 #[test]
 fn cache_misuse() {
     let m = cache_module();
