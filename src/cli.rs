@@ -54,13 +54,37 @@ pub struct PipelineArgs {
     pub attention: Option<AttentionArg>,
 }
 
+/// The largest sizes a compiled artifact serves; its arena and caches are sized for them.
+#[derive(Args, Clone, Debug)]
+pub struct LimitsArgs {
+    /// Most tokens in one prefill chunk (longer prompts are prefilled in chunks).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_prefill_tokens: u64,
+    /// Most sequences in one decode step, and sequences the caches hold.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_batch: u64,
+    /// Most tokens of context per sequence (default: the model's max_position_embeddings, at
+    /// most 32768).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_context: Option<u64>,
+}
+
+/// What `--target` says in every command's help.
+pub const TARGET_HELP: &str = "GPU architecture: sm90, sm90a (H100/H200), sm120 or sm120a (RTX PRO 6000 Blackwell). \
+sm120a cubins use the block-scaled fp8/fp4 mma and do not run on sm_121 (GB10); plain sm120 ones do";
+
 #[derive(Args)]
 pub struct CompileArgs {
     /// A model.ron, or an HF checkpoint directory (its config.json is imported on the fly).
     pub model: PathBuf,
-    /// GPU architecture: sm90, sm90a, sm120 or sm120a.
-    #[arg(long)]
+    #[arg(long, help = TARGET_HELP)]
     pub target: String,
+    /// The CUDA compiler (default: $GLMC_NVCC, else nvcc on PATH). Without one, compile writes
+    /// kernels.cu but no cubin.
+    #[arg(long, value_name = "PATH")]
+    pub nvcc: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: LimitsArgs,
     /// Output directory; replaced as a whole, never left half-written. Default: `<model name>.glmc`.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -109,8 +133,15 @@ pub struct DumpArgs {
     pub full: bool,
     /// Print the module after every pass whose name matches this regex (whole name), headed by
     /// the pass name and whether it changed anything.
-    #[arg(long, value_name = "REGEX")]
+    #[arg(long, value_name = "REGEX", conflicts_with = "lowered")]
     pub after: Option<String>,
+    /// Print the launch schedule (kernels, grids, arena slices) instead of the IR; needs --target.
+    #[arg(long, requires = "target")]
+    pub lowered: bool,
+    #[arg(long, help = TARGET_HELP)]
+    pub target: Option<String>,
+    #[command(flatten)]
+    pub limits: LimitsArgs,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }

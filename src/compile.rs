@@ -4,13 +4,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use glmc_codegen::Target;
+use glmc_codegen::artifact::Manifest;
+use glmc_codegen::{lower_module, nvcc, render, Limits, Lowered, Target};
 use glmc_ir::{print_function, print_module, print_module_summary, verify_module, Module};
 use glmc_models::{AttentionMode, ModelConfig};
 use glmc_passes::{pipeline, AttentionChoice, PassRecord, PipelineOptions};
 use regex::Regex;
 
-use crate::cli::{AttentionArg, CompileArgs, PipelineArgs};
+use crate::cli::{AttentionArg, CompileArgs, LimitsArgs, PipelineArgs};
 use crate::explain::explain;
 use crate::model_source::load_config;
 
@@ -70,34 +71,110 @@ pub fn build(
     })
 }
 
+/// The artifact's limits: the flags, with the context capped by the model's positions.
+pub fn limits(config: &ModelConfig, args: &LimitsArgs) -> Limits {
+    Limits {
+        max_prefill_tokens: args.max_prefill_tokens,
+        max_batch: args.max_batch,
+        max_context: args
+            .max_context
+            .unwrap_or(config.max_position_embeddings.min(32768)),
+    }
+}
+
+/// Lowers a built model for `target`.
+pub fn lower(built: &Built, target: Target, args: &LimitsArgs) -> anyhow::Result<Lowered> {
+    let limits = limits(&built.config, args);
+    if limits.max_context > built.config.max_position_embeddings {
+        anyhow::bail!(
+            "--max-context {} exceeds the model's max_position_embeddings ({}): pass at most that",
+            limits.max_context,
+            built.config.max_position_embeddings
+        );
+    }
+    Ok(lower_module(&built.module, target, limits)?)
+}
+
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let target: Target = args.target.parse()?;
     let built = build(&args.model, &args.pipeline, None)?;
+    let lowered = lower(&built, target, &args.limits)?;
     let module = &built.module;
     let out = args
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("{}.glmc", module.name)));
     let explanation = explain(&built);
-    let mut files: Vec<(PathBuf, String)> = vec![
-        (
-            "manifest.ron".into(),
-            manifest(module, target, &built.records),
+    let source = render::render(&lowered.kernels)?;
+    let mut manifest = Manifest::new(
+        module,
+        &lowered,
+        built.records.iter().map(|r| r.name.to_string()).collect(),
+        &built.config,
+    );
+    let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    match nvcc::find(args.nvcc.as_deref())? {
+        Some(compiler) => {
+            let cache = nvcc::default_cache_dir();
+            let compiled = nvcc::compile(&compiler, &source, target, cache.as_deref())?;
+            let usage = nvcc::parse_ptxas(&compiled.ptxas);
+            for k in usage
+                .iter()
+                .filter(|k| k.spill_store_bytes + k.spill_load_bytes > 0)
+            {
+                notes.push(format!(
+                    "warning: ptxas spills registers to local memory in {k}"
+                ));
+            }
+            manifest.ptxas = usage.iter().map(Into::into).collect();
+            let cubin = format!("kernels.{}.cubin", target.name());
+            manifest.cubin = Some(cubin.clone());
+            manifest.compiler = Some(compiler.version.clone());
+            files.push((cubin.into(), compiled.cubin));
+            files.push((
+                format!("ptxas.{}.txt", target.name()).into(),
+                compiled.ptxas.into_bytes(),
+            ));
+        }
+        None => notes.push(
+            "note: no CUDA compiler found (--nvcc PATH, $GLMC_NVCC or nvcc on PATH), so the artifact has kernels.cu but no cubin; scripts/cuda-toolchain.sh installs the pinned nvcc 13.0"
+                .to_string(),
         ),
+    }
+    if !manifest.complete {
+        notes.push(format!(
+            "note: the artifact is incomplete and cannot run yet: no kernels for {} (GEMMs, attention, the indexer and MoE land with the next codegen issues)",
+            manifest.missing_ops.join(", ")
+        ));
+    }
+    let manifest_text =
+        ron::ser::to_string_pretty(&manifest, ron::ser::PrettyConfig::new().depth_limit(5))
+            .context("serialising the manifest (a glmc bug)")?;
+    let mut text_files: Vec<(PathBuf, String)> = vec![
+        ("manifest.ron".into(), manifest_text),
+        ("kernels.cu".into(), source),
         ("explain.txt".into(), explanation.clone()),
         ("ir/module.txt".into(), print_module(module)),
         ("ir/summary.txt".into(), print_module_summary(module)),
     ];
     for f in &module.functions {
-        files.push((format!("ir/{}.txt", f.name).into(), print_function(f)));
+        text_files.push((format!("ir/{}.txt", f.name).into(), print_function(f)));
+    }
+    for p in &lowered.phases {
+        text_files.push((
+            format!("ir/{}.lowered.txt", p.function).into(),
+            p.print(&lowered.kernels),
+        ));
     }
     let report = if args.report {
-        let text = crate::report::report(module, target)?;
-        files.push(("report.txt".into(), text.clone()));
+        let text = crate::report::report(module, target, &lowered)?;
+        text_files.push(("report.txt".into(), text.clone()));
         Some(text)
     } else {
         None
     };
+    files.extend(text_files.into_iter().map(|(p, t)| (p, t.into_bytes())));
     write_dir_atomically(&out, &files)?;
     if args.explain {
         print!("{explanation}");
@@ -115,6 +192,9 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             );
         }
     }
+    for n in &notes {
+        eprintln!("{n}");
+    }
     eprintln!(
         "compiled {} for {target} into {}",
         module.name,
@@ -123,27 +203,9 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn manifest(module: &Module, target: Target, records: &[PassRecord]) -> String {
-    let quoted = |names: Vec<&str>| {
-        names
-            .iter()
-            .map(|n| format!("{n:?}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        "(\n    model: {:?},\n    target: {:?},\n    functions: [{}],\n    passes: [{}],\n    states: {},\n)\n",
-        module.name,
-        target.name(),
-        quoted(module.functions.iter().map(|f| f.name.as_str()).collect()),
-        quoted(records.iter().map(|r| r.name).collect()),
-        module.states.len()
-    )
-}
-
 /// Writes every file into a fresh sibling directory, then swaps it into place, so a failure
 /// leaves either the old directory or none, never a mix.
-fn write_dir_atomically(out: &Path, files: &[(PathBuf, String)]) -> anyhow::Result<()> {
+fn write_dir_atomically(out: &Path, files: &[(PathBuf, Vec<u8>)]) -> anyhow::Result<()> {
     let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())

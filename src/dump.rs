@@ -20,7 +20,19 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
     };
     let built = build(&args.model, &args.pipeline, after.clone())?;
     let mut out = String::new();
-    if after.is_some() {
+    if args.lowered {
+        let target = args
+            .target
+            .as_deref()
+            .expect("clap requires --target with --lowered")
+            .parse()?;
+        let lowered = crate::compile::lower(&built, target, &args.limits)?;
+        for phase in &lowered.phases {
+            if args.phase.is_none_or(|p| phase_name(p) == phase.function) {
+                out.push_str(&phase.print(&lowered.kernels));
+            }
+        }
+    } else if after.is_some() {
         let matching = built
             .records
             .iter()
@@ -56,11 +68,7 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
 
 fn render(args: &DumpArgs, mut module: Module) -> anyhow::Result<String> {
     if let Some(phase) = args.phase {
-        let name = match phase {
-            PhaseArg::Prefill => "prefill",
-            PhaseArg::Decode => "decode",
-        };
-        module.functions.retain(|f| f.name == name);
+        module.functions.retain(|f| f.name == phase_name(phase));
     }
     Ok(match args.format {
         Format::Text if args.full => print_module(&module),
@@ -68,4 +76,11 @@ fn render(args: &DumpArgs, mut module: Module) -> anyhow::Result<String> {
         Format::Dot => module.functions.iter().map(to_dot).collect(),
         Format::Ron => to_ron(&module)?,
     })
+}
+
+fn phase_name(phase: PhaseArg) -> &'static str {
+    match phase {
+        PhaseArg::Prefill => "prefill",
+        PhaseArg::Decode => "decode",
+    }
 }

@@ -6,10 +6,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use anyhow::Context;
-use glmc_codegen::Target;
+use glmc_codegen::cost::{function_cost, Cost};
+use glmc_codegen::schedule::Step;
+use glmc_codegen::{Lowered, Target};
 use glmc_ir::{Function, Module};
 use glmc_passes::plan_memory::{
-    default_bindings, kv_cache_bytes, layer_of, plan_memory, KvCacheBytes,
+    decode_bindings, default_bindings, kv_cache_bytes, layer_of, plan_memory, prefill_bindings,
+    Bindings, KvCacheBytes, REPORT_DECODE_CONTEXT, REPORT_PREFILL_TOKENS,
 };
 
 /// `1234567` → `1,234,567`.
@@ -112,7 +115,7 @@ fn column(f: &Function, kv: &KvCacheBytes) -> anyhow::Result<Option<Vec<String>>
 }
 
 /// The report's text.
-pub fn report(module: &Module, target: Target) -> anyhow::Result<String> {
+pub fn report(module: &Module, target: Target, lowered: &Lowered) -> anyhow::Result<String> {
     let kv = kv_cache_bytes(module)?;
     let mut columns: Vec<(String, Vec<String>)> = Vec::new();
     let mut skipped = Vec::new();
@@ -157,7 +160,115 @@ pub fn report(module: &Module, target: Target) -> anyhow::Result<String> {
         writeln!(out, "@{name}: no serving setting to plan it in")?;
     }
     kv_per_token(&mut out, &kv)?;
+    schedule_summary(&mut out, lowered)?;
+    costs(&mut out, module, target)?;
     Ok(out)
+}
+
+/// What the lowering made of each phase.
+fn schedule_summary(out: &mut String, lowered: &Lowered) -> std::fmt::Result {
+    let l = &lowered.limits;
+    writeln!(
+        out,
+        "\nlaunch schedule (arena sized for prefill chunks of {} tokens, decode batches of {}, {} tokens of context):",
+        l.max_prefill_tokens, l.max_batch, l.max_context
+    )?;
+    for p in &lowered.phases {
+        let count = |f: fn(&Step) -> bool| p.steps.iter().filter(|s| f(s)).count();
+        writeln!(
+            out,
+            "  @{}: arena {}, {} launches, {} views (no copy), {} ops not lowered yet",
+            p.function,
+            human_bytes(p.arena_bytes),
+            count(|s| matches!(s, Step::Launch(_))),
+            count(|s| matches!(s, Step::View { .. })),
+            count(|s| matches!(s, Step::Missing { .. })),
+        )?;
+    }
+    Ok(())
+}
+
+/// The roofline cost of each phase on the target, by kind of node (layer numbers folded), and
+/// the predicted step time.
+fn costs(out: &mut String, module: &Module, target: Target) -> std::fmt::Result {
+    writeln!(
+        out,
+        "\ncost model for {} ({}: {} GB/s, {} TFLOP/s bf16 mma.sync; each op at max(bytes / bandwidth, FLOPs / rate), launch gaps not counted):",
+        target.name(),
+        target.reference_gpu(),
+        target.memory_bandwidth_gbs(),
+        target.mma_bf16_tflops()
+    )?;
+    let settings: [(&str, String, Bindings); 3] = [
+        (
+            "prefill",
+            format!("prefill of {REPORT_PREFILL_TOKENS} tokens"),
+            prefill_bindings(REPORT_PREFILL_TOKENS, 0),
+        ),
+        (
+            "decode",
+            format!("decode step, batch 1, context {REPORT_DECODE_CONTEXT}"),
+            decode_bindings(1, REPORT_DECODE_CONTEXT),
+        ),
+        (
+            "decode",
+            format!("decode step, batch 64, context {REPORT_DECODE_CONTEXT}"),
+            decode_bindings(64, REPORT_DECODE_CONTEXT),
+        ),
+    ];
+    for (function, title, bindings) in settings {
+        let Some(f) = module.function(function) else {
+            continue;
+        };
+        let ops = function_cost(f, &bindings);
+        // (op, node name with the layer number folded) → (count, summed cost)
+        let mut groups: BTreeMap<(&str, String), (u64, Cost)> = BTreeMap::new();
+        for c in &ops {
+            let key = (c.op, fold_layer(&c.node));
+            let e = groups.entry(key).or_default();
+            e.0 += 1;
+            e.1.bytes += c.cost.bytes;
+            e.1.flops += c.cost.flops;
+        }
+        let total: f64 = ops.iter().map(|c| c.cost.seconds(target)).sum();
+        let bytes: f64 = ops.iter().map(|c| c.cost.bytes).sum();
+        let flops: f64 = ops.iter().map(|c| c.cost.flops).sum();
+        writeln!(
+            out,
+            "  {title}: predicted {:.3} ms ({:.2} GB moved, {:.2} TFLOP), {} kernels",
+            total * 1e3,
+            bytes / 1e9,
+            flops / 1e12,
+            ops.len()
+        )?;
+        let mut rows: Vec<_> = groups.into_iter().collect();
+        rows.sort_by(|a, b| {
+            let ta = a.1 .1.seconds(target);
+            let tb = b.1 .1.seconds(target);
+            tb.total_cmp(&ta).then(a.0.cmp(&b.0))
+        });
+        for ((op, name), (count, cost)) in rows.iter().take(8) {
+            writeln!(
+                out,
+                "    {:>9.1} us  {count:>3} x {op:<20} {name}  ({:.1} MB, {:.1} GFLOP)",
+                cost.seconds(target) * 1e6,
+                cost.bytes / 1e6,
+                cost.flops / 1e9
+            )?;
+        }
+        if rows.len() > 8 {
+            writeln!(out, "    … {} more kinds of node", rows.len() - 8)?;
+        }
+    }
+    Ok(())
+}
+
+/// `model.layers.12.mlp.gate` → `model.layers.*.mlp.gate`.
+fn fold_layer(name: &str) -> String {
+    match layer_of(name) {
+        Some(l) => name.replacen(&format!("model.layers.{l}."), "model.layers.*.", 1),
+        None => name.to_string(),
+    }
 }
 
 /// The cache per token: the total, then runs of layers with the same states.

@@ -53,6 +53,13 @@ impl Target {
         }
     }
 
+    /// The shared memory a kernel's tile may use on this target: SM120's 99 KiB everywhere, so
+    /// the configuration tested on an H200 is the one an RTX PRO 6000 runs (Hopper's 227 KiB is
+    /// only the ceiling of a later Hopper-specific variant).
+    pub fn tile_shared_memory_limit(self) -> u32 {
+        Target::Sm120.max_shared_memory_per_block()
+    }
+
     /// Whether Hopper's warpgroup mma (`wgmma`) is available: only on sm_90a.
     pub fn has_wgmma(self) -> bool {
         self == Target::Sm90a
@@ -61,6 +68,58 @@ impl Target {
     /// Whether fp8 `mma.sync` runs natively; ptxas emulates it on sm_90 with bf16 mma.
     pub fn has_native_fp8_mma(self) -> bool {
         matches!(self, Target::Sm120 | Target::Sm120a)
+    }
+
+    /// Whether the block-scaled `mma.sync … kind::f8f6f4` / `kind::mxf4nvf4` forms exist: only
+    /// on sm_120a (not plain sm_120, not sm_90).
+    pub fn has_block_scaled_mma(self) -> bool {
+        self == Target::Sm120a
+    }
+
+    /// The GPU whose numbers the cost model uses for this target.
+    pub fn reference_gpu(self) -> &'static str {
+        match self {
+            Target::Sm90 | Target::Sm90a => "H200",
+            Target::Sm120 | Target::Sm120a => "RTX PRO 6000 Blackwell",
+        }
+    }
+
+    pub fn sm_count(self) -> u32 {
+        match self {
+            Target::Sm90 | Target::Sm90a => 132,
+            Target::Sm120 | Target::Sm120a => 188,
+        }
+    }
+
+    /// DRAM bandwidth a streaming kernel can reach, GB/s. H200: the copy bandwidth measured on
+    /// the test machine (4.24 TB/s, 2026-11-30); RTX PRO 6000: its datasheet's 1792 GB/s (no such
+    /// card has been measured here).
+    pub fn memory_bandwidth_gbs(self) -> f64 {
+        match self {
+            Target::Sm90 | Target::Sm90a => 4240.0,
+            Target::Sm120 | Target::Sm120a => 1792.0,
+        }
+    }
+
+    /// Dense bf16 `mma.sync` (f32 accumulate) rate, TFLOP/s: what SM120-style kernels can reach.
+    /// H200: measured from registers on the test machine (646, 2026-11-30; wgmma reaches more);
+    /// RTX PRO 6000: about 500, from the datasheet's 4 PFLOP/s sparse FP4 (÷2 dense, ÷4 bf16),
+    /// not measured.
+    pub fn mma_bf16_tflops(self) -> f64 {
+        match self {
+            Target::Sm90 | Target::Sm90a => 646.0,
+            Target::Sm120 | Target::Sm120a => 500.0,
+        }
+    }
+
+    /// The instructions the tensor-core kernels may use, for `--help` and the manifest.
+    pub fn instructions(self) -> &'static str {
+        match self {
+            Target::Sm90 => "mma.sync m16n8k16 bf16; e4m3 mma.sync m16n8k32 emulated by ptxas",
+            Target::Sm90a => "mma.sync m16n8k16 bf16; e4m3 mma.sync m16n8k32 emulated by ptxas; wgmma",
+            Target::Sm120 => "mma.sync m16n8k16 bf16; e4m3 mma.sync m16n8k32 native (no wgmma, no tcgen05)",
+            Target::Sm120a => "mma.sync m16n8k16 bf16; e4m3 mma.sync m16n8k32 native; block-scaled kind::f8f6f4 and mxf4nvf4 (no wgmma, no tcgen05); sm_120a cubins do not run on sm_121 (GB10)",
+        }
     }
 }
 

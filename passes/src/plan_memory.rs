@@ -403,49 +403,13 @@ pub fn plan_memory(f: &Function, bindings: &Bindings) -> Result<MemoryPlan, Plan
         }
     }
 
-    // Greedy by size, best fit.
-    let mut by_size: Vec<usize> = (0..buffers.len()).collect();
-    by_size.sort_by_key(|&b| (std::cmp::Reverse(buffers[b].bytes), b));
-    let mut placed: Vec<usize> = Vec::with_capacity(buffers.len());
-    let mut arena_bytes = 0u64;
-    for b in by_size {
-        let buf = buffers[b];
-        if buf.bytes == 0 {
-            continue;
-        }
-        let owner = &values[index[&buf.value]];
-        let need =
-            round_up(buf.bytes, ALIGNMENT).ok_or_else(|| overflow(&owner.name, &owner.ty))?;
-        let mut neighbours: Vec<(u64, u64)> = placed
-            .iter()
-            .map(|&p| &buffers[p])
-            .filter(|p| p.live.overlaps(buf.live))
-            .map(|p| {
-                (
-                    p.offset,
-                    p.offset + round_up(p.bytes, ALIGNMENT).unwrap_or(u64::MAX),
-                )
-            })
-            .collect();
-        neighbours.sort();
-        let mut best: Option<(u64, u64)> = None; // (gap size, offset)
-        let mut end = 0u64;
-        for (start, stop) in neighbours {
-            if start > end {
-                let gap = start - end;
-                if gap >= need && best.is_none_or(|(g, _)| gap < g) {
-                    best = Some((gap, end));
-                }
-            }
-            end = end.max(stop);
-        }
-        let offset = best.map_or(end, |(_, o)| o);
-        let top = offset
-            .checked_add(need)
-            .ok_or_else(|| overflow(&owner.name, &owner.ty))?;
-        arena_bytes = arena_bytes.max(top);
-        buffers[b].offset = offset;
-        placed.push(b);
+    let spans: Vec<(u64, Live)> = buffers.iter().map(|b| (b.bytes, b.live)).collect();
+    let (offsets, arena_bytes) = place(&spans).map_err(|b| {
+        let owner = &values[index[&buffers[b].value]];
+        overflow(&owner.name, &owner.ty)
+    })?;
+    for (buf, offset) in buffers.iter_mut().zip(offsets) {
+        buf.offset = offset;
     }
     for buf in &buffers {
         let v = &mut values[index[&buf.value]];
@@ -472,6 +436,51 @@ pub fn plan_memory(f: &Function, bindings: &Bindings) -> Result<MemoryPlan, Plan
         inputs_bytes,
         index,
     })
+}
+
+/// Offsets for buffers of `(bytes, live range)` in one arena, by TFLite's "greedy by size" (see
+/// the module docs), and the arena's size. Buffers whose live ranges overlap never share bytes;
+/// every offset is a multiple of [`ALIGNMENT`]. `Err(i)` names a buffer whose end would pass 2^64.
+pub fn place(spans: &[(u64, Live)]) -> Result<(Vec<u64>, u64), usize> {
+    let mut offsets = vec![0u64; spans.len()];
+    let mut by_size: Vec<usize> = (0..spans.len()).collect();
+    by_size.sort_by_key(|&b| (std::cmp::Reverse(spans[b].0), b));
+    let mut placed: Vec<usize> = Vec::with_capacity(spans.len());
+    let mut arena_bytes = 0u64;
+    for b in by_size {
+        let (bytes, live) = spans[b];
+        if bytes == 0 {
+            continue;
+        }
+        let need = round_up(bytes, ALIGNMENT).ok_or(b)?;
+        let mut neighbours: Vec<(u64, u64)> = placed
+            .iter()
+            .filter(|&&p| spans[p].1.overlaps(live))
+            .map(|&p| {
+                (
+                    offsets[p],
+                    offsets[p] + round_up(spans[p].0, ALIGNMENT).unwrap_or(u64::MAX),
+                )
+            })
+            .collect();
+        neighbours.sort();
+        let mut best: Option<(u64, u64)> = None; // (gap size, offset)
+        let mut end = 0u64;
+        for (start, stop) in neighbours {
+            if start > end {
+                let gap = start - end;
+                if gap >= need && best.is_none_or(|(g, _)| gap < g) {
+                    best = Some((gap, end));
+                }
+            }
+            end = end.max(stop);
+        }
+        let offset = best.map_or(end, |(_, o)| o);
+        arena_bytes = arena_bytes.max(offset.checked_add(need).ok_or(b)?);
+        offsets[b] = offset;
+        placed.push(b);
+    }
+    Ok((offsets, arena_bytes))
 }
 
 /// The bytes one token occupies in the persistent caches.

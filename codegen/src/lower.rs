@@ -1,0 +1,647 @@
+//! Lowering: an optimised IR function becomes a [`Phase`], a launch schedule over one arena.
+//!
+//! Every node becomes one of three things:
+//! - a **view**: `reshape` and `slice` are layouts over their operand's memory (no kernel, no
+//!   copy), as long as the result is still rows of contiguous elements (what every row-wise
+//!   kernel addresses); a `cache.update`'s result is a view of its cache;
+//! - a **launch** of a kernel specialised from a template ([`crate::kernels`]);
+//! - **missing**, for the ops no kernel exists for yet; the artifact then says it is incomplete.
+//!
+//! A `concat` is folded into its producers: an operand made by a kernel for the concat alone is
+//! written straight into its part of the concat's buffer; any other operand is copied there.
+//!
+//! The arena is planned the way `plan-memory` plans it (greedy by size over live ranges, see
+//! [`glmc_passes::plan_memory::place`]), but over the buffers the lowering really has: views
+//! take none, a folded concat's buffer lives from its first producer on. The plan is made for
+//! the largest sizes the artifact serves ([`Limits`]); a smaller launch uses a prefix of each
+//! buffer, since every offset and stride is evaluated from the launch's own sizes.
+
+use std::collections::HashMap;
+
+use glmc_ir::{Function, Module, NodeIndex, Op, Value};
+use glmc_passes::plan_memory::{place, Live};
+use sha2::{Digest, Sha256};
+
+use crate::expr::{Bindings, Poly};
+use crate::kernels::{self, Lowering, NodeCtx, Planned, Source};
+use crate::layout::{Buf, TensorRef};
+use crate::schedule::{ArgValue, Kernel, Launch, Phase, Step};
+use crate::target::Target;
+
+/// The largest sizes an artifact serves: the arena and the caches are sized for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// Tokens in one prefill chunk (`s`).
+    pub max_prefill_tokens: u64,
+    /// Sequences in one decode step (`b`), and sequences the caches hold.
+    pub max_batch: u64,
+    /// Tokens of context per sequence (`t`), the caches' capacity.
+    pub max_context: u64,
+}
+
+impl Limits {
+    /// The bindings the arena of `function` is planned for.
+    pub fn bindings(&self, function: &str) -> Bindings {
+        match function {
+            "prefill" => Bindings::from([
+                ("s".to_string(), self.max_prefill_tokens),
+                ("t".to_string(), self.max_context),
+            ]),
+            _ => Bindings::from([
+                ("b".to_string(), self.max_batch),
+                ("t".to_string(), self.max_context),
+            ]),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LowerError {
+    #[error("@{function}: node \"{node}\" ({op}): {why}")]
+    Node {
+        function: String,
+        node: String,
+        op: String,
+        why: String,
+    },
+    #[error("@{function}: the arena for {bound} passes 2^64 bytes")]
+    ArenaOverflow { function: String, bound: String },
+    #[error(
+        "kernel {kernel} ({template}, for node \"{node}\") needs {need} bytes of shared memory per block; tiles are held to {limit} (SM120's limit) on every target, {target} included: choose a smaller tile"
+    )]
+    SharedMemory {
+        kernel: String,
+        template: String,
+        node: String,
+        need: u32,
+        limit: u32,
+        target: Target,
+    },
+}
+
+/// A module's phases and the kernels they launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lowered {
+    pub target: Target,
+    pub limits: Limits,
+    pub phases: Vec<Phase>,
+    /// Distinct specialisations, in order of first use.
+    pub kernels: Vec<Kernel>,
+}
+
+impl Lowered {
+    /// The ops without a kernel in any phase, sorted: empty for a complete artifact.
+    pub fn missing_ops(&self) -> Vec<String> {
+        let mut ops: Vec<String> = self.phases.iter().flat_map(|p| p.missing_ops()).collect();
+        ops.sort();
+        ops.dedup();
+        ops
+    }
+}
+
+pub fn lower_module(module: &Module, target: Target, limits: Limits) -> Result<Lowered, LowerError> {
+    let mut kernels = KernelTable::default();
+    let mut phases = Vec::new();
+    for f in &module.functions {
+        phases.push(lower_function(f, target, limits, &mut kernels)?);
+    }
+    Ok(Lowered {
+        target,
+        limits,
+        phases,
+        kernels: kernels.kernels,
+    })
+}
+
+/// Kernels by content: one specialisation is generated once, whatever the number of launches.
+#[derive(Default)]
+pub struct KernelTable {
+    pub kernels: Vec<Kernel>,
+    by_name: HashMap<String, usize>,
+}
+
+impl KernelTable {
+    /// The name of `planned`'s kernel, adding it when new. The name is the template and a hash
+    /// of the parameters, so it is stable whatever else the module holds.
+    fn intern(&mut self, planned: &Planned) -> String {
+        let spec = &planned.spec;
+        let mut h = Sha256::new();
+        h.update(spec.template.as_bytes());
+        for (k, v) in &spec.params {
+            h.update(format!("\0{k}={v}").as_bytes());
+        }
+        let digest = h.finalize();
+        let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        let name = format!("glmc_{}_{hex}", spec.template);
+        if !self.by_name.contains_key(&name) {
+            self.by_name.insert(name.clone(), self.kernels.len());
+            self.kernels.push(Kernel {
+                name: name.clone(),
+                template: spec.template.to_string(),
+                params: spec.params.clone(),
+                threads: spec.threads,
+                shared_bytes: spec.shared_bytes,
+            });
+        }
+        name
+    }
+}
+
+/// Where a value lives while lowering: a layout, in the arena buffer `buffer` when it has one
+/// (its offset is then relative to that buffer until the arena is placed).
+#[derive(Clone, Debug)]
+struct Loc {
+    buffer: Option<usize>,
+    at: TensorRef,
+}
+
+struct ArenaBuffer {
+    bytes: u64,
+    live: Live,
+}
+
+struct State<'a> {
+    f: &'a Function,
+    limits: Limits,
+    bindings: Bindings,
+    locs: HashMap<Value, Loc>,
+    buffers: Vec<ArenaBuffer>,
+    /// Operands written straight into a concat: the concat's value and the operand's part.
+    folded: HashMap<Value, (Value, usize)>,
+    steps: Vec<PendingStep>,
+}
+
+enum PendingStep {
+    Launch {
+        node: String,
+        op: String,
+        planned: Planned,
+        /// The buffer of each `Ptr` argument, in order.
+        buffers: Vec<Option<usize>>,
+    },
+    View {
+        node: String,
+        op: String,
+        at: Loc,
+    },
+    Missing {
+        node: String,
+        op: String,
+        outputs: Vec<Loc>,
+        why: String,
+    },
+}
+
+impl<'a> State<'a> {
+    fn error(&self, n: NodeIndex, why: impl Into<String>) -> LowerError {
+        let node = self.f.node(n);
+        LowerError::Node {
+            function: self.f.name.clone(),
+            node: node.name.clone(),
+            op: node.op.name().to_string(),
+            why: why.into(),
+        }
+    }
+
+    /// A fresh arena buffer for `ty`-sized bytes, live from `step`.
+    fn new_buffer(&mut self, at: &TensorRef, step: usize, n: NodeIndex) -> Result<usize, LowerError> {
+        let bytes = at.bytes().eval(&self.bindings).ok_or_else(|| {
+            self.error(n, format!("the size {} is not bound by {:?}", at.bytes(), self.bindings))
+        })?;
+        self.buffers.push(ArenaBuffer {
+            bytes: bytes as u64,
+            live: Live {
+                first: step,
+                last: step,
+            },
+        });
+        Ok(self.buffers.len() - 1)
+    }
+
+    fn touch(&mut self, buffer: Option<usize>, step: usize) {
+        if let Some(b) = buffer {
+            let live = &mut self.buffers[b].live;
+            live.first = live.first.min(step);
+            live.last = live.last.max(step);
+        }
+    }
+
+    fn fresh(&mut self, value: Value, step: usize) -> Result<Loc, LowerError> {
+        let ty = self.f.value_type(value).clone();
+        let at = TensorRef::contiguous(Buf::Arena, Poly::zero(), &ty);
+        let buffer = self.new_buffer(&at, step, value.node)?;
+        Ok(Loc {
+            buffer: Some(buffer),
+            at,
+        })
+    }
+
+    /// The location of an output: its part of a concat when folded, else a fresh buffer.
+    fn output(&mut self, value: Value, step: usize) -> Result<Loc, LowerError> {
+        if let Some(&(concat, part)) = self.folded.get(&value) {
+            let whole = match self.locs.get(&concat) {
+                Some(l) => l.clone(),
+                None => {
+                    let l = self.fresh(concat, step)?;
+                    self.locs.insert(concat, l.clone());
+                    l
+                }
+            };
+            self.touch(whole.buffer, step);
+            return Ok(Loc {
+                buffer: whole.buffer,
+                at: concat_part(self.f, concat, &whole.at, part),
+            });
+        }
+        self.fresh(value, step)
+    }
+
+    fn copy(&mut self, n: NodeIndex, dst: &Loc, src: &Loc) -> Result<(), LowerError> {
+        let planned = kernels::copy(&dst.at, &src.at).map_err(|why| self.error(n, why))?;
+        let node = self.f.node(n);
+        self.steps.push(PendingStep::Launch {
+            node: node.name.clone(),
+            op: "copy".into(),
+            planned,
+            buffers: vec![dst.buffer, src.buffer],
+        });
+        Ok(())
+    }
+}
+
+/// The part of concat `concat` (at `whole`) that operand `part` fills.
+fn concat_part(f: &Function, concat: Value, whole: &TensorRef, part: usize) -> TensorRef {
+    let Op::Concat { axis } = &f.node(concat.node).op else {
+        unreachable!("folded into a concat")
+    };
+    let axis = *axis as usize;
+    let operands = f.operands(concat.node);
+    let extent = |v: Value| {
+        f.value_type(v).shape[axis]
+            .as_const()
+            .expect("concat parts along a constant axis")
+    };
+    let start: u64 = operands[..part].iter().map(|&v| extent(v)).sum();
+    whole.slice(axis, start, start + extent(operands[part]))
+}
+
+/// Operands a kernel can write into the concat directly: made by a kernel, read by the concat
+/// alone, along a constant axis, and landing on rows a kernel can address.
+fn foldable_concat_parts(f: &Function) -> HashMap<Value, (Value, usize)> {
+    let results: Vec<Value> = f.results.iter().map(|(_, v)| *v).collect();
+    let mut folded = HashMap::new();
+    for n in f.canonical_order() {
+        let Op::Concat { axis } = &f.node(n).op else {
+            continue;
+        };
+        let concat = Value::from(n);
+        let operands = f.operands(n);
+        if operands
+            .iter()
+            .any(|&v| f.value_type(v).shape[*axis as usize].as_const().is_none())
+        {
+            continue;
+        }
+        let whole = TensorRef::contiguous(Buf::Arena, Poly::zero(), f.value_type(concat));
+        for (part, &v) in operands.iter().enumerate() {
+            let producer = &f.node(v.node).op;
+            let makes_its_own = !matches!(
+                producer,
+                Op::Input { .. }
+                    | Op::Weight { .. }
+                    | Op::Reshape { .. }
+                    | Op::Slice { .. }
+                    | Op::Concat { .. }
+                    | Op::CacheUpdate { .. }
+            );
+            let only_user = f.users(v).len() == 1 && !results.contains(&v);
+            let addressable = concat_part(f, concat, &whole, part).rows().is_some();
+            if makes_its_own && only_user && addressable {
+                folded.insert(v, (concat, part));
+            }
+        }
+    }
+    folded
+}
+
+pub fn lower_function(
+    f: &Function,
+    target: Target,
+    limits: Limits,
+    kernels: &mut KernelTable,
+) -> Result<Phase, LowerError> {
+    let order = f.canonical_order();
+    let mut st = State {
+        f,
+        limits,
+        bindings: limits.bindings(&f.name),
+        locs: HashMap::new(),
+        buffers: Vec::new(),
+        folded: foldable_concat_parts(f),
+        steps: Vec::new(),
+    };
+    for (step, &n) in order.iter().enumerate() {
+        lower_node(&mut st, n, step)?;
+    }
+    let last = order.len().saturating_sub(1);
+    for (_, v) in &f.results {
+        let b = st.locs[v].buffer;
+        st.touch(b, last);
+    }
+
+    let spans: Vec<(u64, Live)> = st.buffers.iter().map(|b| (b.bytes, b.live)).collect();
+    let (offsets, arena_bytes) = place(&spans).map_err(|_| LowerError::ArenaOverflow {
+        function: f.name.clone(),
+        bound: format!("{:?}", st.bindings),
+    })?;
+    let resolve = |loc: &Loc| -> TensorRef {
+        let mut at = loc.at.clone();
+        if let Some(b) = loc.buffer {
+            at.offset_bytes = at.offset_bytes.add(&Poly::constant(offsets[b] as i64));
+        }
+        at
+    };
+
+    let mut steps = Vec::with_capacity(st.steps.len());
+    for pending in st.steps {
+        steps.push(match pending {
+            PendingStep::Launch {
+                node,
+                op,
+                mut planned,
+                buffers,
+            } => {
+                let mut ptrs = buffers.into_iter();
+                for arg in &mut planned.args {
+                    if let ArgValue::Ptr(at) = &mut arg.value {
+                        let buffer = ptrs.next().expect("one buffer per pointer argument");
+                        *at = resolve(&Loc {
+                            buffer,
+                            at: at.clone(),
+                        });
+                    }
+                }
+                let limit = target.tile_shared_memory_limit();
+                if planned.spec.shared_bytes > limit {
+                    return Err(LowerError::SharedMemory {
+                        kernel: planned.spec.template.to_string(),
+                        template: planned.spec.template.to_string(),
+                        node,
+                        need: planned.spec.shared_bytes,
+                        limit,
+                        target,
+                    });
+                }
+                let kernel = kernels.intern(&planned);
+                Step::Launch(Launch {
+                    node,
+                    op,
+                    kernel,
+                    grid: planned.grid,
+                    block: planned.spec.threads,
+                    args: planned.args,
+                })
+            }
+            PendingStep::View { node, op, at } => Step::View {
+                node,
+                op,
+                at: resolve(&at),
+            },
+            PendingStep::Missing {
+                node,
+                op,
+                outputs,
+                why,
+            } => Step::Missing {
+                node,
+                op,
+                outputs: outputs.iter().map(resolve).collect(),
+                why,
+            },
+        });
+    }
+    let inputs = f
+        .inputs()
+        .into_iter()
+        .map(|n| {
+            let v = Value::from(n);
+            (f.node(n).name.clone(), st.locs[&v].at.clone())
+        })
+        .collect();
+    let results = f
+        .results
+        .iter()
+        .map(|(name, v)| {
+            let loc = &st.locs[v];
+            (name.clone(), resolve(loc))
+        })
+        .collect();
+    Ok(Phase {
+        function: f.name.clone(),
+        max_bindings: limits.bindings(&f.name),
+        arena_bytes,
+        inputs,
+        results,
+        steps,
+    })
+}
+
+fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerError> {
+    let f = st.f;
+    let node = f.node(n);
+    let operands = f.operands(n);
+    let operand_locs: Vec<Loc> = operands.iter().map(|v| st.locs[v].clone()).collect();
+    for l in &operand_locs {
+        st.touch(l.buffer, step);
+    }
+    let value = Value::from(n);
+    let view = |st: &mut State, at: Loc| {
+        st.locs.insert(value, at.clone());
+        st.steps.push(PendingStep::View {
+            node: node.name.clone(),
+            op: node.op.name().to_string(),
+            at,
+        });
+    };
+    match &node.op {
+        Op::Input { index } => {
+            let at = TensorRef::contiguous(Buf::Input(*index), Poly::zero(), &node.outputs[0]);
+            st.locs.insert(value, Loc { buffer: None, at });
+        }
+        Op::Weight { .. } => {
+            let at = TensorRef::contiguous(
+                Buf::Weight(node.name.clone()),
+                Poly::zero(),
+                &node.outputs[0],
+            );
+            st.locs.insert(value, Loc { buffer: None, at });
+        }
+        Op::Reshape { shape } => {
+            let src = &operand_locs[0];
+            let shape: Vec<Poly> = shape.iter().map(Poly::from_dim).collect();
+            match src.at.reshape(&shape) {
+                Some(at) => view(
+                    st,
+                    Loc {
+                        buffer: src.buffer,
+                        at,
+                    },
+                ),
+                None => {
+                    // Materialise the operand in row-major order, then view it.
+                    let flat = st.fresh(operands[0], step)?;
+                    st.copy(n, &flat, src)?;
+                    let at = flat.at.reshape(&shape).expect("a contiguous tensor reshapes");
+                    st.locs.insert(
+                        value,
+                        Loc {
+                            buffer: flat.buffer,
+                            at,
+                        },
+                    );
+                }
+            }
+        }
+        Op::Slice { axis, start, end } => {
+            let src = &operand_locs[0];
+            let at = src.at.slice(*axis as usize, *start, *end);
+            if at.rows().is_some() {
+                view(
+                    st,
+                    Loc {
+                        buffer: src.buffer,
+                        at,
+                    },
+                );
+            } else {
+                let dst = st.fresh(value, step)?;
+                st.copy(n, &dst, &Loc { buffer: src.buffer, at })?;
+                st.locs.insert(value, dst);
+            }
+        }
+        Op::Concat { axis } => {
+            if let Some(at) = adjacent_view(&operand_locs, *axis as usize) {
+                view(st, at);
+                return Ok(());
+            }
+            let whole = match st.locs.get(&value) {
+                Some(l) => l.clone(),
+                None => st.fresh(value, step)?,
+            };
+            st.touch(whole.buffer, step);
+            for (part, &v) in operands.iter().enumerate() {
+                if st.folded.get(&v) == Some(&(value, part)) {
+                    continue;
+                }
+                let dst = Loc {
+                    buffer: whole.buffer,
+                    at: concat_part(f, value, &whole.at, part),
+                };
+                st.copy(n, &dst, &operand_locs[part])?;
+            }
+            st.locs.insert(value, whole);
+        }
+        _ => {
+            let outputs: Vec<Loc> = match &node.op {
+                Op::CacheUpdate { state, batched } => {
+                    vec![cache_view(f, n, state, *batched, st.limits.max_context)]
+                }
+                _ => (0..node.outputs.len())
+                    .map(|k| {
+                        st.output(
+                            Value {
+                                node: n,
+                                output: k as u32,
+                            },
+                            step,
+                        )
+                    })
+                    .collect::<Result<_, _>>()?,
+            };
+            for (k, l) in outputs.iter().enumerate() {
+                st.locs.insert(
+                    Value {
+                        node: n,
+                        output: k as u32,
+                    },
+                    l.clone(),
+                );
+            }
+            let operand_refs: Vec<TensorRef> = operand_locs.iter().map(|l| l.at.clone()).collect();
+            let output_refs: Vec<TensorRef> = outputs.iter().map(|l| l.at.clone()).collect();
+            let cx = NodeCtx {
+                node,
+                operands: &operand_refs,
+                outputs: &output_refs,
+                max_context: st.limits.max_context,
+                sources: Default::default(),
+            };
+            match kernels::lower(&cx) {
+                Lowering::Launch(planned) => {
+                    let buffers = cx
+                        .sources
+                        .take()
+                        .into_iter()
+                        .map(|s| match s {
+                            Source::Operand(i) => operand_locs[i].buffer,
+                            Source::Output(k) => outputs[k].buffer,
+                            Source::Other => None,
+                        })
+                        .collect();
+                    st.steps.push(PendingStep::Launch {
+                        node: node.name.clone(),
+                        op: node.op.name().to_string(),
+                        planned,
+                        buffers,
+                    });
+                }
+                Lowering::NotYet(why) => st.steps.push(PendingStep::Missing {
+                    node: node.name.clone(),
+                    op: node.op.name().to_string(),
+                    outputs,
+                    why,
+                }),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The concat as a view, when its parts already lie side by side in one buffer in order (the
+/// rotated and the plain halves of a head that one kernel wrote, say): no copy at all.
+fn adjacent_view(parts: &[Loc], axis: usize) -> Option<Loc> {
+    let first = parts.first()?;
+    let mut at = first.at.clone();
+    for p in &parts[1..] {
+        let step = at.strides[axis]
+            .mul(&at.shape[axis])
+            .scale(at.dtype.size_bytes() as i64);
+        let lines_up = p.buffer == first.buffer
+            && p.at.buf == at.buf
+            && p.at.dtype == at.dtype
+            && p.at.strides == at.strides
+            && p.at.offset_bytes == at.offset_bytes.add(&step)
+            && p.at.shape.iter().enumerate().all(|(k, d)| k == axis || *d == at.shape[k]);
+        if !lines_up {
+            return None;
+        }
+        at.shape[axis] = at.shape[axis].add(&p.at.shape[axis]);
+    }
+    Some(Loc {
+        buffer: first.buffer,
+        at,
+    })
+}
+
+/// The cache state as the `[t, ..]` (prefill) or `[b, t, ..]` (decode) view `cache.update`
+/// returns, over a `[max_batch, max_context, ..]` allocation.
+fn cache_view(f: &Function, n: NodeIndex, state: &str, batched: bool, max_context: u64) -> Loc {
+    let ty = &f.node(n).outputs[0];
+    let mut at = TensorRef::contiguous(Buf::State(state.to_string()), Poly::zero(), ty);
+    if batched {
+        let row = Poly::product(&at.shape[2..]);
+        at.strides[0] = row.scale(max_context as i64);
+    }
+    Loc { buffer: None, at }
+}
+

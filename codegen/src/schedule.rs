@@ -1,0 +1,181 @@
+//! The lowered form of a phase: kernel launches over one arena, as data. It is what the manifest
+//! stores, what `glmc dump --lowered` prints and all the runtime needs to run a phase.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::expr::{Bindings, GridDim, Poly};
+use crate::layout::TensorRef;
+
+/// One kernel's source, shared by every launch of the same specialisation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Kernel {
+    /// The `extern "C"` function name in `kernels.cu`.
+    pub name: String,
+    /// The template file it was made from (`norm`, `rope`, …).
+    pub template: String,
+    /// Its compile-time parameters (dtypes, widths, tiles, threads per block), sorted.
+    pub params: BTreeMap<String, String>,
+    /// Threads per block.
+    pub threads: u32,
+    /// Shared memory a block declares, in bytes (checked against the target's limit).
+    pub shared_bytes: u32,
+}
+
+/// A kernel argument.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ArgValue {
+    /// The device address of a tensor's first element.
+    Ptr(TensorRef),
+    /// A 64-bit integer (`long long`), evaluated under the launch's bindings.
+    Int(Poly),
+    /// A 32-bit float.
+    F32(f64),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Arg {
+    pub name: String,
+    pub value: ArgValue,
+}
+
+/// One kernel launch, in the order the phase runs them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Launch {
+    /// The IR node it computes (its stable name), and its op.
+    pub node: String,
+    pub op: String,
+    pub kernel: String,
+    pub grid: GridDim,
+    pub block: u32,
+    pub args: Vec<Arg>,
+}
+
+/// What one IR node became.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Step {
+    Launch(Launch),
+    /// A `reshape`/`slice` (or a value a consumer writes in place): no kernel, only a layout.
+    View {
+        node: String,
+        op: String,
+        at: TensorRef,
+    },
+    /// An op this version of glmc cannot lower yet; its outputs still have their place in the
+    /// arena. An artifact with any of these is incomplete and is never run.
+    Missing {
+        node: String,
+        op: String,
+        outputs: Vec<TensorRef>,
+        why: String,
+    },
+}
+
+/// A lowered entry function.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Phase {
+    pub function: String,
+    /// The largest values of the symbols the arena was planned for; a launch with larger ones
+    /// is refused by the runtime.
+    pub max_bindings: Bindings,
+    pub arena_bytes: u64,
+    pub inputs: Vec<(String, TensorRef)>,
+    pub results: Vec<(String, TensorRef)>,
+    pub steps: Vec<Step>,
+}
+
+impl Phase {
+    pub fn launches(&self) -> impl Iterator<Item = &Launch> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Launch(l) => Some(l),
+            _ => None,
+        })
+    }
+
+    /// The distinct ops no kernel exists for yet, sorted.
+    pub fn missing_ops(&self) -> Vec<String> {
+        let mut ops: Vec<String> = self
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Missing { op, .. } => Some(op.clone()),
+                _ => None,
+            })
+            .collect();
+        ops.sort();
+        ops.dedup();
+        ops
+    }
+
+    /// The schedule as text, one block per step, for `glmc dump --lowered`.
+    pub fn print(&self, kernels: &[Kernel]) -> String {
+        let mut out = String::new();
+        let bound: Vec<String> = self
+            .max_bindings
+            .iter()
+            .map(|(k, v)| format!("{k}≤{v}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "schedule @{} arena={} bytes ({})",
+            self.function,
+            self.arena_bytes,
+            bound.join(", ")
+        );
+        for (name, r) in &self.inputs {
+            let _ = writeln!(out, "  in  {name:?} = {r}");
+        }
+        for step in &self.steps {
+            match step {
+                Step::Launch(l) => {
+                    let k = kernels.iter().find(|k| k.name == l.kernel);
+                    let tiles = k
+                        .map(|k| {
+                            k.params
+                                .iter()
+                                .filter(|(p, _)| !p.ends_with("_t"))
+                                .map(|(p, v)| format!("{p}={v}"))
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        })
+                        .unwrap_or_default();
+                    let _ = writeln!(
+                        out,
+                        "  {} {:?}: {}<<<{}, {}>>> {{{tiles}}}",
+                        l.op, l.node, l.kernel, l.grid, l.block
+                    );
+                    for a in &l.args {
+                        let v = match &a.value {
+                            ArgValue::Ptr(r) => r.to_string(),
+                            ArgValue::Int(p) => p.to_string(),
+                            ArgValue::F32(x) => format!("{x:e}"),
+                        };
+                        let _ = writeln!(out, "      {} = {v}", a.name);
+                    }
+                }
+                Step::View { node, op, at } => {
+                    let _ = writeln!(out, "  {op} {node:?}: view {at}");
+                }
+                Step::Missing {
+                    node,
+                    op,
+                    outputs,
+                    why,
+                } => {
+                    let outs: Vec<String> = outputs.iter().map(|r| r.to_string()).collect();
+                    let _ = writeln!(
+                        out,
+                        "  {op} {node:?}: NOT LOWERED ({why}) -> {}",
+                        outs.join(", ")
+                    );
+                }
+            }
+        }
+        for (name, r) in &self.results {
+            let _ = writeln!(out, "  out {name:?} = {r}");
+        }
+        out
+    }
+}

@@ -1,0 +1,79 @@
+// {{ op }} over rows of {{ cols }}: one block of {{ threads }} threads per row, the
+// row held in registers ({{ items }} × {{ vec }} values a thread), statistics in f32 through one
+// block reduction{% if layernorm %} per moment{% endif %}. {% if add %}The residual sum is rounded to its
+// type and stored first; the norm reads that rounded sum, as the unfused graph does.{% endif %}
+// The explicit minimum of one block per SM keeps ptxas from spilling a register on sm_90a
+// (seen with 6144-wide bf16 rows under the one-argument form).
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
+    {{ y_t }}* __restrict__ y, i64 y_stride,
+{%- if add %}
+    {{ r_t }}* __restrict__ sum_out, i64 sum_stride,
+{%- endif %}
+    const {{ x_t }}* __restrict__ x, i64 x_stride,
+{%- if add %}
+    const {{ d_t }}* __restrict__ d, i64 d_stride, i64 d_rows,
+{%- endif %}
+    const {{ w_t }}* __restrict__ w,
+{%- if layernorm %}
+    const {{ bias_t }}* __restrict__ bias,
+{%- endif %}
+    i64 rows, float eps)
+{
+    constexpr int D = {{ cols }}, V = {{ vec }}, ITEMS = {{ items }}, T = {{ threads }};
+    __shared__ float scratch[32];
+    const i64 row = blockIdx.x;
+    float v[ITEMS][V];
+    float acc = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+        const int c = (it * T + threadIdx.x) * V;
+        if (c < D) {
+            ld_vec<{{ x_t }}, V>(x + row * x_stride + c, v[it]);
+{%- if add %}
+            float e[V];
+            ld_vec<{{ d_t }}, V>(d + (row % d_rows) * d_stride + c, e);
+#pragma unroll
+            for (int k = 0; k < V; ++k) v[it][k] = rnd<{{ r_t }}>(v[it][k] + e[k]);
+            st_vec<{{ r_t }}, V>(sum_out + row * sum_stride + c, v[it]);
+{%- endif %}
+#pragma unroll
+            for (int k = 0; k < V; ++k) acc += {% if layernorm %}v[it][k]{% else %}v[it][k] * v[it][k]{% endif %};
+        }
+    }
+    acc = block_sum(acc, scratch);
+{%- if layernorm %}
+    const float mean = acc / D;
+    float var = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+        const int c = (it * T + threadIdx.x) * V;
+        if (c < D) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) var += (v[it][k] - mean) * (v[it][k] - mean);
+        }
+    }
+    var = block_sum(var, scratch);
+    const float inv = 1.f / sqrtf(var / D + eps);
+{%- else %}
+    const float mean = 0.f;
+    const float inv = 1.f / sqrtf(acc / D + eps);
+{%- endif %}
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+        const int c = (it * T + threadIdx.x) * V;
+        if (c < D) {
+            float g[V], o[V];
+            ld_vec<{{ w_t }}, V>(w + c, g);
+{%- if layernorm %}
+            float b[V];
+            ld_vec<{{ bias_t }}, V>(bias + c, b);
+#pragma unroll
+            for (int k = 0; k < V; ++k) o[k] = (v[it][k] - mean) * inv * g[k] + b[k];
+{%- else %}
+#pragma unroll
+            for (int k = 0; k < V; ++k) o[k] = g[k] * ((v[it][k] - mean) * inv);
+{%- endif %}
+            st_vec<{{ y_t }}, V>(y + row * y_stride + c, o);
+        }
+    }
+}

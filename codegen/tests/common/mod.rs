@@ -1,0 +1,42 @@
+//! Shared by the codegen tests: shipped models through the pass pipeline, lowered.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::PathBuf;
+
+use glmc_codegen::{lower_module, Limits, Lowered, Target};
+use glmc_ir::Module;
+use glmc_models::ModelConfig;
+use glmc_passes::{pipeline, PipelineOptions};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("codegen/ sits in the repository")
+        .to_path_buf()
+}
+
+/// A shipped config (`models/NAME`) through the default pipeline.
+pub fn module(file: &str) -> (ModelConfig, Module) {
+    let config = ModelConfig::load(&repo_root().join("models").join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut module = glmc_models::builder::build(&config).expect("the shipped config builds");
+    pipeline(&PipelineOptions::default())
+        .expect("the default pipeline")
+        .run(&mut module)
+        .expect("the pipeline runs");
+    (config, module)
+}
+
+pub const LIMITS: Limits = Limits {
+    max_prefill_tokens: 256,
+    max_batch: 8,
+    max_context: 1024,
+};
+
+pub fn lowered(file: &str, target: Target) -> Lowered {
+    let (_, m) = module(file);
+    lower_module(&m, target, LIMITS).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// The shipped configs every kernel is generated for.
+pub const MODELS: [&str; 3] = ["tiny-sparse.ron", "tiny-dense.ron", "glm5.ron"];
