@@ -11,3 +11,4 @@ pub mod sampling;
 pub use generate::{generate, Call, GenerateError, Generation, Generator};
 pub use sampling::{Sampler, Sampling, SamplingError};
 pub mod trace;
+pub mod cuda;

@@ -1,0 +1,213 @@
+//! The CUDA side of the runtime, as far as codegen I needs it: a GPU, the kernels of a cubin,
+//! device memory, and the launcher that runs a schedule's [`Launch`]es with their arguments
+//! evaluated for the sizes at hand. cudarc loads the driver at run time, so the binary builds and
+//! runs on machines without CUDA; [`Gpu::open`] says so clearly when there is none.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
+    LaunchConfig, PushKernelArg,
+};
+use glmc_codegen::expr::Bindings;
+use glmc_codegen::layout::{Buf, TensorRef};
+use glmc_codegen::schedule::{ArgValue, Launch};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no NVIDIA driver found (libcuda could not be loaded): run on a machine with an NVIDIA GPU and driver, or use --device cpu")]
+    NoDriver,
+    #[error("CUDA {what}: {source}")]
+    Driver {
+        what: String,
+        #[source]
+        source: DriverError,
+    },
+    #[error("launch of {kernel} for \"{node}\": {why}")]
+    Launch {
+        kernel: String,
+        node: String,
+        why: String,
+    },
+}
+
+fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> CudaError {
+    let what = what.into();
+    move |source| CudaError::Driver { what, source }
+}
+
+/// One GPU and the stream everything runs on, in order.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+}
+
+impl Gpu {
+    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        // SAFETY: only probes whether the driver library can be loaded.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver(format!("opening GPU {ordinal}")))?;
+        let stream = ctx.default_stream();
+        Ok(Gpu { ctx, stream })
+    }
+
+    /// `(major, minor)`: (9, 0) on an H200.
+    pub fn compute_capability(&self) -> Result<(i32, i32), CudaError> {
+        self.ctx
+            .compute_capability()
+            .map_err(driver("reading the compute capability"))
+    }
+
+    pub fn load(&self, cubin: &[u8]) -> Result<Kernels, CudaError> {
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec()))
+            .map_err(driver("loading the cubin"))?;
+        Ok(Kernels {
+            module,
+            functions: HashMap::new(),
+        })
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>, CudaError> {
+        self.stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(driver(format!("allocating {bytes} bytes")))
+    }
+
+    pub fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, CudaError> {
+        if bytes.is_empty() {
+            return self.alloc(0);
+        }
+        self.stream
+            .clone_htod(bytes)
+            .map_err(driver(format!("uploading {} bytes", bytes.len())))
+    }
+
+    pub fn download(&self, buf: &CudaSlice<u8>) -> Result<Vec<u8>, CudaError> {
+        self.stream
+            .clone_dtoh(buf)
+            .map_err(driver("downloading a buffer"))
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(driver("synchronizing"))
+    }
+
+    /// The device address of `buf`'s first byte.
+    pub fn address(&self, buf: &CudaSlice<u8>) -> u64 {
+        let (ptr, _sync) = buf.device_ptr(&self.stream);
+        ptr
+    }
+}
+
+/// A loaded cubin's functions, looked up by name once.
+pub struct Kernels {
+    module: Arc<CudaModule>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+impl Kernels {
+    pub fn function(&mut self, name: &str) -> Result<&CudaFunction, CudaError> {
+        if !self.functions.contains_key(name) {
+            let f = self
+                .module
+                .load_function(name)
+                .map_err(driver(format!("finding kernel {name} in the cubin")))?;
+            self.functions.insert(name.to_string(), f);
+        }
+        Ok(&self.functions[name])
+    }
+}
+
+/// Device addresses of the memory a schedule's tensors live in.
+#[derive(Default, Clone, Debug)]
+pub struct Memory {
+    pub arena: u64,
+    /// By function argument index.
+    pub inputs: HashMap<u64, u64>,
+    /// By weight node name.
+    pub weights: HashMap<String, u64>,
+    /// By state name: the base of the allocation (decode), or of the one sequence (prefill).
+    pub states: HashMap<String, u64>,
+}
+
+impl Memory {
+    /// The address of `at`'s first element for `bindings`.
+    pub fn address(&self, at: &TensorRef, bindings: &Bindings) -> Result<u64, String> {
+        let base = match &at.buf {
+            Buf::Arena => Some(self.arena),
+            Buf::Input(i) => self.inputs.get(i).copied(),
+            Buf::Weight(w) => self.weights.get(w).copied(),
+            Buf::State(s) => self.states.get(s).copied(),
+        }
+        .ok_or_else(|| format!("no memory for {}", at.buf))?;
+        let offset = at
+            .offset_bytes
+            .eval(bindings)
+            .ok_or_else(|| format!("offset {} is not bound by {bindings:?}", at.offset_bytes))?;
+        Ok(base.wrapping_add(offset as u64))
+    }
+}
+
+enum Value {
+    U64(u64),
+    I64(i64),
+    F32(f32),
+}
+
+/// Launches `launch` on `gpu` with its arguments evaluated under `bindings`.
+pub fn launch(
+    gpu: &Gpu,
+    kernels: &mut Kernels,
+    launch: &Launch,
+    memory: &Memory,
+    bindings: &Bindings,
+) -> Result<(), CudaError> {
+    let fail = |why: String| CudaError::Launch {
+        kernel: launch.kernel.clone(),
+        node: launch.node.clone(),
+        why,
+    };
+    let mut values = Vec::with_capacity(launch.args.len());
+    for a in &launch.args {
+        values.push(match &a.value {
+            ArgValue::Ptr(at) => Value::U64(memory.address(at, bindings).map_err(&fail)?),
+            ArgValue::Int(p) => Value::I64(
+                p.eval(bindings)
+                    .ok_or_else(|| fail(format!("argument {} = {p} is not bound", a.name)))?,
+            ),
+            ArgValue::F32(x) => Value::F32(*x as f32),
+        });
+    }
+    let blocks = launch
+        .grid
+        .eval(bindings)
+        .ok_or_else(|| fail(format!("grid {} is not bound", launch.grid)))?;
+    if blocks == 0 {
+        return Ok(());
+    }
+    let grid = u32::try_from(blocks).map_err(|_| fail(format!("{blocks} blocks")))?;
+    let f = kernels.function(&launch.kernel)?;
+    let mut builder = gpu.stream.launch_builder(f);
+    for v in &values {
+        match v {
+            Value::U64(x) => builder.arg(x),
+            Value::I64(x) => builder.arg(x),
+            Value::F32(x) => builder.arg(x),
+        };
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (launch.block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match the kernel's parameter list by construction (the same
+    // lowering wrote both), and every pointer is into memory that `memory` owns for the call.
+    unsafe { builder.launch(cfg) }
+        .map_err(driver(format!("launching {} for \"{}\"", launch.kernel, launch.node)))?;
+    Ok(())
+}
