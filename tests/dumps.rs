@@ -209,19 +209,26 @@ fn glm5_summary_histogram_at(opt: &str) {
     // fuse-elementwise folds each residual add into the next layer's input norm, layer 3 (whose
     // norm takes a dense layer's residual) is a kind of its own, and so is prefill's layer 77,
     // whose residual add feeds `slice.last` (the last position's logits) instead of a norm.
-    let moe_layers: &[(&str, usize)] = if opt == "-O0" {
-        &[("  // layers 3..=77: 75 layers identical up to the layer index; layer 3 shown\n", 2)]
-    } else {
-        &[
+    let moe_layers: &[(&str, usize)] =
+        if opt == "-O0" {
+            &[(
+                "  // layers 3..=77: 75 layers identical up to the layer index; layer 3 shown\n",
+                2,
+            )]
+        } else {
+            &[
             ("  // layer 3\n", 2),
             ("  // layers 4..=77: 74 layers identical up to the layer index; layer 4 shown\n", 1),
             ("  // layers 4..=76: 73 layers identical up to the layer index; layer 4 shown\n", 1),
             ("  // layer 77\n", 1),
         ]
-    };
+        };
     for (line, count) in [
         ("  // layer 0\n", 2),
-        ("  // layers 1..=2: 2 layers identical up to the layer index; layer 1 shown\n", 2),
+        (
+            "  // layers 1..=2: 2 layers identical up to the layer index; layer 1 shown\n",
+            2,
+        ),
     ]
     .iter()
     .chain(moe_layers)

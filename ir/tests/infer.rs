@@ -739,19 +739,29 @@ fn samplers() {
         &["i64[b,32]"],
         &["logits must be a float tensor"],
     );
-    let top_p = |logits: &str, t: &str, p: &str, u: &str| run(&Op::SampleTopP {}, &[logits, t, p, u]);
+    let top_p =
+        |logits: &str, t: &str, p: &str, u: &str| run(&Op::SampleTopP {}, &[logits, t, p, u]);
     assert_eq!(
-        ok(Op::SampleTopP {}, &["f32[b,32]", "f32[b]", "f32[b]", "f32[b]"]),
+        ok(
+            Op::SampleTopP {},
+            &["f32[b,32]", "f32[b]", "f32[b]", "f32[b]"]
+        ),
         "i64[b]"
     );
     assert_eq!(
-        ok(Op::SampleTopP {}, &["bf16[1,32]", "f32[1]", "f32[1]", "f32[1]"]),
+        ok(
+            Op::SampleTopP {},
+            &["bf16[1,32]", "f32[1]", "f32[1]", "f32[1]"]
+        ),
         "i64[1]"
     );
     let e = top_p("f32[b,32]", "f32[b]", "f32[s]", "f32[b]").unwrap_err();
     assert!(e.contains("top_p and logits rows differ: s vs b"), "{e}");
     let e = top_p("f32[b,32]", "f32[b]", "f32[b]", "bf16[b]").unwrap_err();
-    assert!(e.contains("uniform must be f32[b], one per row, is bf16[b]"), "{e}");
+    assert!(
+        e.contains("uniform must be f32[b], one per row, is bf16[b]"),
+        "{e}"
+    );
     let e = top_p("f32[b,32]", "f32[b,1]", "f32[b]", "f32[b]").unwrap_err();
     assert!(e.contains("temperature must be f32[b]"), "{e}");
     err(

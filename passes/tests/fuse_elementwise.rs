@@ -15,7 +15,7 @@ use glmc_passes::fuse_mla_projections::FuseMlaProjections;
 use glmc_passes::select_attention::SelectAttention;
 use glmc_passes::{AttentionChoice, Pass, PassError, PassManager};
 use glmc_runtime::{
-    phase_inputs, Checkpoint, InterpError, Interpreter, SequenceCache, Sampling, Tensor,
+    phase_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache, Tensor,
     WeightSource,
 };
 

@@ -63,11 +63,18 @@ fn last_position_logits_are_the_last_row_of_all() {
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
                 assert!(worst <= 1e-5, "{file} optimize={optimize}: max |Δ| {worst}");
-                assert_eq!(next_all, next_last, "{file} optimize={optimize} {sampling:?}");
+                assert_eq!(
+                    next_all, next_last,
+                    "{file} optimize={optimize} {sampling:?}"
+                );
             }
             let greedy = prefill(&pair[1], &weights, &ids, &Sampling::default());
             let argmax = glmc_runtime::sampling::argmax(greedy.0.as_f32().unwrap());
-            assert_eq!(greedy.1, argmax.unwrap() as i64, "{file}: greedy is the argmax");
+            assert_eq!(
+                greedy.1,
+                argmax.unwrap() as i64,
+                "{file}: greedy is the argmax"
+            );
         }
     }
 }

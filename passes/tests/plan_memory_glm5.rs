@@ -105,10 +105,17 @@ fn compiled_glm5_plans_soundly_with_hand_checked_sizes() {
         // the absorbed query s × 64 heads × 512 (bf16, 512 MiB) is.
         let largest = plan.largest_intermediate().unwrap();
         let (name, bytes) = match phase {
-            "prefill" => ("model.layers.0.self_attn.q_absorbed", rows * heads * latent * 2),
+            "prefill" => (
+                "model.layers.0.self_attn.q_absorbed",
+                rows * heads * latent * 2,
+            ),
             _ => ("logits", rows * vocab * 4),
         };
-        assert_eq!((largest.name.as_str(), largest.bytes), (name, bytes), "@{phase}");
+        assert_eq!(
+            (largest.name.as_str(), largest.bytes),
+            (name, bytes),
+            "@{phase}"
+        );
         // Absorbed attention: the latent output rows × 64 heads × 512, bf16.
         assert_eq!(
             value("model.layers.5.self_attn.attn_latent").bytes,

@@ -193,7 +193,15 @@ impl<'a> Generator<'a> {
         self.check_ids(&[id])?;
         let position = self.cache.len();
         let (f, results) = self.decode;
-        let out = self.run(f, &[id], position, sampling, 1, Call::Decode { position }, trace)?;
+        let out = self.run(
+            f,
+            &[id],
+            position,
+            sampling,
+            1,
+            Call::Decode { position },
+            trace,
+        )?;
         step(out, results, "decode", 1)
     }
 

@@ -181,7 +181,11 @@ pub enum FrequencyError {
     #[error("no draws to check")]
     NoDraws,
     #[error("draw {index} is token {token}, outside the {vocab} tokens of the row")]
-    OutOfRange { index: usize, token: i64, vocab: usize },
+    OutOfRange {
+        index: usize,
+        token: i64,
+        vocab: usize,
+    },
     #[error("token {token} has probability 0 (outside the nucleus) but was drawn {count} times")]
     Impossible { token: usize, count: usize },
     #[error(
@@ -215,7 +219,10 @@ pub enum FrequencyError {
 ///
 /// The bounds are loose enough that a correct sampler fails about once in millions of runs
 /// and tight enough that a probability off by 1% at N = 200 000 fails.
-pub fn check_frequencies(expected: &[f64], draws: &[i64]) -> Result<FrequencyCheck, FrequencyError> {
+pub fn check_frequencies(
+    expected: &[f64],
+    draws: &[i64],
+) -> Result<FrequencyCheck, FrequencyError> {
     if draws.is_empty() {
         return Err(FrequencyError::NoDraws);
     }
@@ -295,7 +302,10 @@ mod tests {
         }
         // 0.665 < 0.9 ≤ 0.91: two tokens, renormalised to 0.731 / 0.269.
         let p = nucleus_probabilities(&logits, 1.0, 0.9);
-        assert!((p[0] - 0.7311).abs() < 1e-3 && (p[1] - 0.2689).abs() < 1e-3, "{p:?}");
+        assert!(
+            (p[0] - 0.7311).abs() < 1e-3 && (p[1] - 0.2689).abs() < 1e-3,
+            "{p:?}"
+        );
         assert_eq!(p[2], 0.0);
     }
 
@@ -306,7 +316,10 @@ mod tests {
         assert_eq!(sample_row(&logits, 1.0, 1.0, 0.0), Some(1));
         assert_eq!(sample_row(&logits, 1.0, 1.0, 0.74), Some(1));
         assert_eq!(sample_row(&logits, 1.0, 1.0, 0.76), Some(0));
-        assert_eq!(sample_row(&logits, 1.0, 1.0, 1.0 - 1.0 / 16_777_216.0), Some(0));
+        assert_eq!(
+            sample_row(&logits, 1.0, 1.0, 1.0 - 1.0 / 16_777_216.0),
+            Some(0)
+        );
     }
 
     #[test]
@@ -315,7 +328,10 @@ mod tests {
         for t in [0.0, -1.0, f32::NAN] {
             assert_eq!(sample_row(&logits, t, 0.9, 0.99), Some(1));
         }
-        assert_eq!(sample_row(&[1.0, f32::INFINITY, f32::INFINITY], 1.0, 1.0, 0.99), Some(1));
+        assert_eq!(
+            sample_row(&[1.0, f32::INFINITY, f32::INFINITY], 1.0, 1.0, 0.99),
+            Some(1)
+        );
         assert_eq!(sample_row(&[f32::NEG_INFINITY; 3], 1.0, 1.0, 0.99), Some(0));
         assert_eq!(sample_row(&[f32::NAN; 3], 1.0, 1.0, 0.5), None);
         // NaN is never drawn, even when u sweeps the whole range.
@@ -375,6 +391,9 @@ mod tests {
             check_frequencies(&expected, &[3]),
             Err(FrequencyError::OutOfRange { token: 3, .. })
         ));
-        assert_eq!(check_frequencies(&expected, &[]), Err(FrequencyError::NoDraws));
+        assert_eq!(
+            check_frequencies(&expected, &[]),
+            Err(FrequencyError::NoDraws)
+        );
     }
 }

@@ -19,9 +19,12 @@ fn slice_last_takes_the_last_row() {
     let ids = i64t(&[4], vec![5, 6, 7, 8]);
     let out = run_op_ok(Op::SliceLast {}, vec![(i(&["s"]), ids)]);
     assert_eq!(iv(&out[0]), [8]);
-    let e = run_op(Op::SliceLast {}, vec![(f(&["s", "2"]), f32t(&[0, 2], vec![]))])
-        .unwrap_err()
-        .to_string();
+    let e = run_op(
+        Op::SliceLast {},
+        vec![(f(&["s", "2"]), f32t(&[0, 2], vec![]))],
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("\"out\" (slice.last of f32[0, 2])"), "{e}");
     assert!(e.contains("no last row"), "{e}");
 }
@@ -32,10 +35,22 @@ fn argmax_per_row_lowest_index_on_ties_never_nan() {
     let logits = f32t(
         &[4, 4],
         vec![
-            0.5, 2.0, -1.0, 2.0, // tie: the lower index
-            nan, -3.0, nan, -2.0, // NaN skipped
-            nan, nan, nan, nan, // nothing to choose
-            f32::NEG_INFINITY, f32::NEG_INFINITY, -1e30, f32::INFINITY,
+            0.5,
+            2.0,
+            -1.0,
+            2.0, // tie: the lower index
+            nan,
+            -3.0,
+            nan,
+            -2.0, // NaN skipped
+            nan,
+            nan,
+            nan,
+            nan, // nothing to choose
+            f32::NEG_INFINITY,
+            f32::NEG_INFINITY,
+            -1e30,
+            f32::INFINITY,
         ],
     );
     let out = run_op_ok(Op::SampleArgmax {}, vec![(f(&["b", "4"]), logits)]);
@@ -91,7 +106,10 @@ fn top_p_rejects_a_uniform_outside_the_unit_interval() {
         )
     };
     let e = run(1.0).unwrap_err().to_string();
-    assert!(e.contains("sample.top_p of f32[1, 2], f32[1], f32[1], f32[1]"), "{e}");
+    assert!(
+        e.contains("sample.top_p of f32[1, 2], f32[1], f32[1], f32[1]"),
+        "{e}"
+    );
     assert!(e.contains("uniform of row 0 is 1, outside [0, 1)"), "{e}");
     assert!(run(f32::NAN).is_err());
     assert!(run(0.0).is_ok());
@@ -115,7 +133,10 @@ fn draws(logits: &[f32], temperature: f32, top_p: f32) -> Vec<i64> {
     let out = run_op_ok(
         Op::SampleTopP {},
         vec![
-            (f(&["b", &v.to_string()]), f32t(&[DRAWS, v], logits.repeat(DRAWS))),
+            (
+                f(&["b", &v.to_string()]),
+                f32t(&[DRAWS, v], logits.repeat(DRAWS)),
+            ),
             (f(&["b"]), f32t(&[DRAWS], vec![temperature; DRAWS])),
             (f(&["b"]), f32t(&[DRAWS], vec![top_p; DRAWS])),
             (
@@ -153,7 +174,10 @@ fn draws_follow_the_renormalised_nucleus() {
     let before: f64 = p[..k - 1].iter().sum();
     let mass: f64 = p[..k].iter().sum();
     assert!(before < 0.895 && mass > 0.905, "{before} {mass}");
-    assert!((2..12).contains(&k), "a nucleus of {k} tokens tests nothing");
+    assert!(
+        (2..12).contains(&k),
+        "a nucleus of {k} tokens tests nothing"
+    );
     let expected: Vec<f64> = (0..12)
         .map(|i| if i < k { p[i] / mass } else { 0.0 })
         .collect();

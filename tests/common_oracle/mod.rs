@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use glmc_ir::Module;
-use glmc_passes::{AttentionChoice, PipelineOptions};
 use glmc_models::builder::{BuildOptions, LogitRows};
+use glmc_passes::{AttentionChoice, PipelineOptions};
 use glmc_runtime::{Checkpoint, Interpreter, Sampling, SequenceCache};
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;

@@ -14,7 +14,7 @@ use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, AttentionChoice, PassError, PassManager, PipelineOptions, PIPELINE};
 use glmc_runtime::{
-    phase_inputs, Checkpoint, InterpError, Interpreter, SequenceCache, Sampling, Tensor, TraceFn,
+    phase_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache, Tensor, TraceFn,
     WeightSource,
 };
 
