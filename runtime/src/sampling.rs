@@ -124,7 +124,7 @@ pub fn nucleus_probabilities(logits: &[f32], temperature: f32, top_p: f32) -> Ve
 /// and the nucleus size `K`; `None` when the op falls back to argmax (`T` not > 0, no finite
 /// maximum).
 fn nucleus(logits: &[f32], temperature: f32, top_p: f32) -> Option<(Vec<(usize, f64)>, usize)> {
-    if !(temperature > 0.0) {
+    if temperature.is_nan() || temperature <= 0.0 {
         return None;
     }
     let max = logits
