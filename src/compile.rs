@@ -7,6 +7,7 @@ use anyhow::Context;
 use glmc_codegen::artifact::Manifest;
 use glmc_codegen::{lower_module, nvcc, render, Limits, Lowered, Target};
 use glmc_ir::{print_function, print_module, print_module_summary, verify_module, Module};
+use glmc_models::builder::BuildOptions;
 use glmc_models::{AttentionMode, ModelConfig};
 use glmc_passes::{pipeline, AttentionChoice, PassRecord, PipelineOptions};
 use regex::Regex;
@@ -37,15 +38,16 @@ fn attention_choice(config: &ModelConfig, arg: Option<AttentionArg>) -> Attentio
     }
 }
 
-/// Loads MODEL, builds and verifies its graph, and runs the pass pipeline; `dump_after` keeps
-/// the module after the passes it matches.
+/// Loads MODEL, builds (with `options`) and verifies its graph, and runs the pass pipeline;
+/// `dump_after` keeps the module after the passes it matches.
 pub fn build(
     model: &Path,
+    options: &BuildOptions,
     args: &PipelineArgs,
     dump_after: Option<Regex>,
 ) -> anyhow::Result<Built> {
     let config = load_config(model)?;
-    let mut module = glmc_models::builder::build(&config).with_context(|| {
+    let mut module = glmc_models::builder::build(&config, options).with_context(|| {
         format!(
             "building the graph of {} (a glmc bug: the config validated)",
             model.display()
@@ -97,7 +99,7 @@ pub fn lower(built: &Built, target: Target, args: &LimitsArgs) -> anyhow::Result
 
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let target: Target = args.target.parse()?;
-    let built = build(&args.model, &args.pipeline, None)?;
+    let built = build(&args.model, &BuildOptions::default(), &args.pipeline, None)?;
     let lowered = lower(&built, target, &args.limits)?;
     let module = &built.module;
     let out = args

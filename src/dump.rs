@@ -4,6 +4,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use glmc_ir::{dot::to_dot, print_module, print_module_summary, serial::to_ron, Module};
+use glmc_models::builder::BuildOptions;
 use glmc_passes::manager::full_match;
 use regex::Regex;
 
@@ -18,7 +19,12 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let built = build(&args.model, &args.pipeline, after.clone())?;
+    let built = build(
+        &args.model,
+        &BuildOptions::default(),
+        &args.pipeline,
+        after.clone(),
+    )?;
     let mut out = String::new();
     if args.lowered {
         let target = args

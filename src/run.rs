@@ -1,20 +1,27 @@
-//! `glmc run`: prefill a prompt, then decode greedily (or sample) one token at a time through
-//! the `decode` graph and the caches, on the CPU reference interpreter.
+//! `glmc run`: prefill a prompt, then decode one token at a time through the `decode` graph and
+//! the caches, on the CPU reference interpreter, each next token taken from the graph's
+//! `next_token` (greedy at temperature 0).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use glmc_ir::Op;
+use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_passes::AttentionChoice;
 use glmc_runtime::trace::TraceWriter;
-use glmc_runtime::{generate, Checkpoint, Generator, Sampler, Sampling};
+use glmc_runtime::{generate, Checkpoint, Generator, Sampling};
 use tokenizers::Tokenizer;
 
 use crate::cli::RunArgs;
 use crate::compile::{build, Built};
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let built = build(&args.model, &args.pipeline, None)?;
+    // Every position's logits only when they are written out; generation needs the last.
+    let logits = match args.dump_logits {
+        Some(_) => LogitRows::All,
+        None => LogitRows::Last,
+    };
+    let built = build(&args.model, &BuildOptions { logits }, &args.pipeline, None)?;
     let dir = weights_dir(args)?;
     let checkpoint = Checkpoint::open(&dir)?;
     let recipes = built
@@ -50,7 +57,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         top_p: args.top_p,
         seed: args.seed,
     };
-    let mut sampler = Sampler::new(sampling)?;
+    sampling.validate()?;
     let eos = eos_ids(&built, &dir)?;
     let mut generator = Generator::new(&built.module, &checkpoint)?;
     let mut trace = args.trace.as_deref().map(TraceWriter::create).transpose()?;
@@ -63,7 +70,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         &mut generator,
         &prompt,
         args.max_new_tokens,
-        &mut sampler,
+        &sampling,
         &eos,
         &mut hook,
     )?;

@@ -116,12 +116,14 @@ fn dot_matches_the_text_dump() {
     let mut nodes = Vec::new();
     let mut edges = Vec::new();
     for line in text.lines().map(str::trim) {
-        if let Some(result) = line.strip_prefix("return ") {
-            let (value, name) = result.split_once(' ').unwrap();
-            let id = value.trim_start_matches('%');
-            assert!(!id.contains('#'));
-            nodes.push(format!("  {name} [shape=oval];"));
-            edges.push(format!("  n{id} -> {name};"));
+        if let Some(results) = line.strip_prefix("return ") {
+            for result in results.split(", ") {
+                let (value, name) = result.split_once(' ').unwrap();
+                let id = value.trim_start_matches('%');
+                assert!(!id.contains('#'));
+                nodes.push(format!("  {name} [shape=oval];"));
+                edges.push(format!("  n{id} -> {name};"));
+            }
             continue;
         }
         let Some((lhs, rhs)) = line.split_once(" = ") else {
@@ -205,26 +207,36 @@ fn glm5_summary_histogram_at(opt: &str) {
     }
     // Layer kinds: layer 0 (reads the embedding), the other dense layers, the MoE layers. Once
     // fuse-elementwise folds each residual add into the next layer's input norm, layer 3 (whose
-    // norm takes a dense layer's residual) is a kind of its own.
-    let moe_layers: &[&str] = if opt == "-O0" {
-        &["  // layers 3..=77: 75 layers identical up to the layer index; layer 3 shown\n"]
-    } else {
-        &[
-            "  // layer 3\n",
-            "  // layers 4..=77: 74 layers identical up to the layer index; layer 4 shown\n",
+    // norm takes a dense layer's residual) is a kind of its own, and so is prefill's layer 77,
+    // whose residual add feeds `slice.last` (the last position's logits) instead of a norm.
+    let moe_layers: &[(&str, usize)] =
+        if opt == "-O0" {
+            &[(
+                "  // layers 3..=77: 75 layers identical up to the layer index; layer 3 shown\n",
+                2,
+            )]
+        } else {
+            &[
+            ("  // layer 3\n", 2),
+            ("  // layers 4..=77: 74 layers identical up to the layer index; layer 4 shown\n", 1),
+            ("  // layers 4..=76: 73 layers identical up to the layer index; layer 4 shown\n", 1),
+            ("  // layer 77\n", 1),
         ]
-    };
-    for line in [
-        "  // layer 0\n",
-        "  // layers 1..=2: 2 layers identical up to the layer index; layer 1 shown\n",
+        };
+    for (line, count) in [
+        ("  // layer 0\n", 2),
+        (
+            "  // layers 1..=2: 2 layers identical up to the layer index; layer 1 shown\n",
+            2,
+        ),
     ]
     .iter()
     .chain(moe_layers)
     {
         assert_eq!(
             summary.matches(line).count(),
-            2,
-            "{opt}: {line:?} once per phase"
+            *count,
+            "{opt}: {line:?} in {count} phases"
         );
     }
 }

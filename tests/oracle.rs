@@ -10,7 +10,7 @@ mod common_oracle;
 use common_oracle::{
     default_module, glmc_run, ids_arg, row_errors, Logits, Oracle, RowErrors, TOL,
 };
-use glmc_runtime::{generate, Generator, Sampler, Sampling};
+use glmc_runtime::{generate, Generator, Sampling};
 
 /// How closely two glmc paths over the same tokens (one prefill, prefill + decode steps, two
 /// chunks) must agree: they differ only in f32 rounding order.
@@ -155,13 +155,12 @@ fn text_prompt_matches_sparse_fixture() {
     assert!(e.rows_over(TOL).is_empty(), "text logits: {}", e.summary());
 }
 
-fn greedy() -> Sampler {
-    Sampler::new(Sampling {
+fn greedy() -> Sampling {
+    Sampling {
         temperature: 0.0,
         top_p: 1.0,
         seed: 0,
-    })
-    .expect("greedy sampling")
+    }
 }
 
 fn no_trace() -> impl FnMut(glmc_runtime::Call, &glmc_ir::Node, &[&glmc_runtime::Tensor]) {
@@ -189,14 +188,17 @@ fn prefill_decode_and_chunked_prefill_agree() {
         let t = o.t();
 
         let mut g = Generator::new(&module, &weights).expect("a generator");
-        let full = Logits::from_rows(&g.prefill(&o.tokens, &mut no_trace()).expect("prefill"));
+        let full = g
+            .prefill(&o.tokens, &greedy(), &mut no_trace())
+            .expect("prefill");
+        let full = Logits::from_rows(&full.logits);
 
         let mut g = Generator::new(&module, &weights).expect("a generator");
         let gen = generate(
             &mut g,
             &o.prompt,
             o.generated.len(),
-            &mut greedy(),
+            &greedy(),
             &[],
             &mut no_trace(),
         )
@@ -210,11 +212,13 @@ fn prefill_decode_and_chunked_prefill_agree() {
         let split = (t / 2).max(1);
         let mut g = Generator::new(&module, &weights).expect("a generator");
         let mut rows = g
-            .prefill(&o.tokens[..split], &mut no_trace())
-            .expect("first chunk");
+            .prefill(&o.tokens[..split], &greedy(), &mut no_trace())
+            .expect("first chunk")
+            .logits;
         rows.extend(
-            g.prefill(&o.tokens[split..], &mut no_trace())
-                .expect("second chunk"),
+            g.prefill(&o.tokens[split..], &greedy(), &mut no_trace())
+                .expect("second chunk")
+                .logits,
         );
         assert_eq!(g.len(), t);
         let chunked = Logits::from_rows(&rows);

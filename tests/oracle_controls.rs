@@ -478,10 +478,10 @@ fn a_patch_of_the_wrong_shape_is_an_error() {
     let weights = checkpoint(&o.dir);
     let f = module.function("prefill").expect("a prefill function");
     let n = o.prompt.len();
-    let inputs = [
-        Tensor::i64(vec![n], o.prompt.iter().map(|&t| t as i64).collect()).expect("ids"),
-        Tensor::i64(vec![n], (0..n as i64).collect()).expect("positions"),
-    ];
+    let ids: Vec<i64> = o.prompt.iter().map(|&t| t as i64).collect();
+    let positions: Vec<i64> = (0..n as i64).collect();
+    let inputs =
+        glmc_runtime::phase_inputs(&ids, &positions, &glmc_runtime::Sampling::default(), 0, 1);
     let mut cache = glmc_runtime::SequenceCache::new();
     let err = glmc_runtime::Interpreter::new()
         .run_patched(

@@ -219,6 +219,8 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::Rope { interleaved, theta } => rope(cx, *interleaved, *theta),
         Op::Embed {} => embed(cx),
         Op::CacheUpdate { batched, .. } => cache_update(cx, *batched),
+        Op::SampleArgmax {} => sample(cx, false),
+        Op::SampleTopP {} => sample(cx, true),
         Op::Matmul {} | Op::MatmulHeads {} | Op::MatmulRope { .. } => {
             Err("GEMM kernels land with codegen II".into())
         }
@@ -530,7 +532,7 @@ pub fn copy(dst: &TensorRef, src: &TensorRef) -> Result<Planned, String> {
 }
 
 /// `sample.argmax` / `sample.top_p` over rows of logits.
-pub fn sample(cx: &NodeCtx, top_p: bool) -> Result<Lowering, String> {
+fn sample(cx: &NodeCtx, top_p: bool) -> Result<Lowering, String> {
     let (out, logits) = (&cx.outputs[0], &cx.operands[0]);
     let rows = rows_of(logits, "the logits")?;
     let cols = const_cols(&rows, "the logits")?;

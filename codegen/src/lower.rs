@@ -1,9 +1,9 @@
 //! Lowering: an optimised IR function becomes a [`Phase`], a launch schedule over one arena.
 //!
 //! Every node becomes one of three things:
-//! - a **view**: `reshape` and `slice` are layouts over their operand's memory (no kernel, no
-//!   copy), as long as the result is still rows of contiguous elements (what every row-wise
-//!   kernel addresses); a `cache.update`'s result is a view of its cache;
+//! - a **view**: `reshape`, `slice` and `slice.last` are layouts over their operand's memory (no
+//!   kernel, no copy), as long as the result is still rows of contiguous elements (what every
+//!   row-wise kernel addresses); a `cache.update`'s result is a view of its cache;
 //! - a **launch** of a kernel specialised from a template ([`crate::kernels`]);
 //! - **missing**, for the ops no kernel exists for yet; the artifact then says it is incomplete.
 //!
@@ -518,6 +518,24 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 st.copy(n, &dst, &Loc { buffer: src.buffer, at })?;
                 st.locs.insert(value, dst);
             }
+        }
+        Op::SliceLast {} => {
+            let src = &operand_locs[0];
+            let n = src.at.shape[0].clone();
+            let mut at = src.at.clone();
+            at.offset_bytes = at.offset_bytes.add(
+                &n.add(&Poly::constant(-1))
+                    .mul(&at.strides[0])
+                    .scale(at.dtype.size_bytes() as i64),
+            );
+            at.shape[0] = Poly::constant(1);
+            view(
+                st,
+                Loc {
+                    buffer: src.buffer,
+                    at,
+                },
+            );
         }
         Op::Concat { axis } => {
             if let Some(at) = adjacent_view(&operand_locs, *axis as usize) {

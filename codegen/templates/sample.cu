@@ -33,7 +33,8 @@ __device__ i64 {{ name }}_argmax(const {{ x_t }}* __restrict__ x, float* sv, i64
         if (threadIdx.x == 0) si[0] = idx;
     }
     __syncthreads();
-    const i64 best = si[0];
+    // A row with no number in it has no argmax: -1, as the interpreter says.
+    const i64 best = isnan(ld(x + si[0])) ? -1 : si[0];
     __syncthreads();
     return best;
 }
@@ -114,7 +115,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
     if (threadIdx.x == 0) out[r] = best;
 {%- else %}
     const float t = temperature[r];
-    if (!(t > 0.f)) {
+    if (!(t > 0.f) || best < 0 || isinf(ld(x + best))) {
         if (threadIdx.x == 0) out[r] = best;
         return;
     }

@@ -147,6 +147,10 @@ ops! {
     /// Elements `start..end` of `axis`.
     Slice "slice" [Arity::Exact(1)] { axis: u64, start: u64, end: u64 }
     Concat "concat" [Arity::AtLeast(1)] { axis: u64 }
+    /// The last row of axis 0: `x [n, ..]` → `[1, ..]`, `x[n−1]`. `slice` cannot say this when
+    /// `n` is symbolic; prefill uses it to run the final norm and `lm_head` on the one position
+    /// whose logits generation needs.
+    SliceLast "slice.last" [Arity::Exact(1)] {}
     /// Writes `new [n, ..]` at `positions [n]` into the cache `state` and returns the cache up
     /// to the furthest position: `[t, ..]`, or `[b, t, ..]` with one sequence per row when
     /// `batched` (decode).
@@ -181,6 +185,30 @@ ops! {
     /// Routed SwiGLU experts: `x [n,D]`, `weights [n,k]`, `experts [n,k]`, `gate [E,I,D]`,
     /// `up [E,I,D]`, `down [E,D,I]` → `Σ_j weights[j] · down(silu(gate x) ⊙ up x)`, `[n,D]`.
     MoeExperts "moe.experts" [Arity::Exact(6)] {}
+    /// Greedy choice: `logits [n, V]` (any float dtype) → `i64 [n]`, per row the index of the
+    /// largest value. Ties go to the lowest index. NaN is never chosen (it compares below every
+    /// number, −inf included); a row of only NaN gives −1.
+    SampleArgmax "sample.argmax" [Arity::Exact(1)] {}
+    /// Temperature and nucleus (top-p) sampling: `logits [n, V]` (any float dtype),
+    /// `temperature f32 [n]`, `top_p f32 [n]`, `uniform f32 [n]` → `i64 [n]`. `uniform[i]` is
+    /// one draw in [0, 1) supplied by the caller (`glmc_runtime::sampling::uniform`, a
+    /// counter-based generator, so every device draws the same numbers). Per row `i`, with
+    /// `x = logits[i]`, `T = temperature[i]`, `P = top_p[i]`, `u = uniform[i]`:
+    ///
+    /// 1. Unless `T > 0` (so for 0, negative and NaN), the result is `sample.argmax` of the row.
+    ///    NaN entries are left out of every step below; a row of only NaN gives −1.
+    /// 2. `m = max_j x_j`. When `m` is not finite (+inf, or every entry −inf) the result is
+    ///    the argmax, as in 1.
+    /// 3. `e_j = exp((x_j − m) / T)`, `Z = Σ_j e_j`, `p_j = e_j / Z` (the interpreter computes
+    ///    in f64 from the f32 values and sums `Z` in index order).
+    /// 4. Order the tokens by `p` descending, ties by lower index. `c_k` is the cumulative sum
+    ///    of the first `k` probabilities in that order. The nucleus is the first `K` tokens,
+    ///    `K` the smallest `k ≥ 1` with `c_k ≥ P`, or every token when no prefix reaches `P`
+    ///    (rounding can keep `c_V` just below 1). `M = c_K` is the nucleus mass.
+    /// 5. The result is the first token `k` of the nucleus (in that order) with `c_k > u · M`;
+    ///    the last nucleus token if rounding leaves none. Tokens of probability 0 are never
+    ///    chosen.
+    SampleTopP "sample.top_p" [Arity::Exact(4)] {}
 }
 
 impl Op {

@@ -457,6 +457,14 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             shape[a] = Dim::Const(total);
             one(x[0].with_shape(shape))
         }
+        Op::SliceLast {} => {
+            if x[0].rank() == 0 {
+                return Err(format!("a scalar {} has no rows to take", x[0]));
+            }
+            let mut shape = x[0].shape.clone();
+            shape[0] = Dim::Const(1);
+            one(x[0].with_shape(shape))
+        }
         Op::CacheUpdate { batched, .. } => {
             rank("new rows", x[0], 1..=3)?;
             positions(x[1], &x[0].shape[0])?;
@@ -604,7 +612,28 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             )?;
             one(h.clone())
         }
+        Op::SampleArgmax {} => {
+            let n = logits_rows(x[0])?;
+            one(TensorType::new(DType::I64, vec![n]))
+        }
+        Op::SampleTopP {} => {
+            let n = logits_rows(x[0])?;
+            for (what, t) in [("temperature", x[1]), ("top_p", x[2]), ("uniform", x[3])] {
+                if t.dtype != DType::F32 || t.rank() != 1 {
+                    return Err(format!("{what} must be f32[{n}], one per row, is {t}"));
+                }
+                same_dim(&format!("{what} and logits rows"), &t.shape[0], &n)?;
+            }
+            one(TensorType::new(DType::I64, vec![n]))
+        }
     }
+}
+
+/// The rows of `logits [n, V]` for a sampler.
+fn logits_rows(t: &TensorType) -> Result<Dim, String> {
+    rank("logits", t, 2..=2)?;
+    float("logits", t)?;
+    Ok(t.shape[0].clone())
 }
 
 fn topk_indices(t: &TensorType, rows: &Dim) -> Result<(), String> {

@@ -716,3 +716,57 @@ fn arity_table() {
     .has_side_effect());
     assert!(!Op::Matmul {}.has_side_effect());
 }
+
+#[test]
+fn slice_last() {
+    assert_eq!(ok(Op::SliceLast {}, &["bf16[s,16]"]), "bf16[1,16]");
+    assert_eq!(ok(Op::SliceLast {}, &["f32[4,2,8]"]), "f32[1,2,8]");
+    assert_eq!(ok(Op::SliceLast {}, &["i64[b]"]), "i64[1]");
+    err(Op::SliceLast {}, &["f32[]"], &["scalar f32[] has no rows"]);
+}
+
+#[test]
+fn samplers() {
+    assert_eq!(ok(Op::SampleArgmax {}, &["bf16[b,32]"]), "i64[b]");
+    assert_eq!(ok(Op::SampleArgmax {}, &["f32[1,32]"]), "i64[1]");
+    err(
+        Op::SampleArgmax {},
+        &["f32[32]"],
+        &["logits must have rank 2, has f32[32]"],
+    );
+    err(
+        Op::SampleArgmax {},
+        &["i64[b,32]"],
+        &["logits must be a float tensor"],
+    );
+    let top_p =
+        |logits: &str, t: &str, p: &str, u: &str| run(&Op::SampleTopP {}, &[logits, t, p, u]);
+    assert_eq!(
+        ok(
+            Op::SampleTopP {},
+            &["f32[b,32]", "f32[b]", "f32[b]", "f32[b]"]
+        ),
+        "i64[b]"
+    );
+    assert_eq!(
+        ok(
+            Op::SampleTopP {},
+            &["bf16[1,32]", "f32[1]", "f32[1]", "f32[1]"]
+        ),
+        "i64[1]"
+    );
+    let e = top_p("f32[b,32]", "f32[b]", "f32[s]", "f32[b]").unwrap_err();
+    assert!(e.contains("top_p and logits rows differ: s vs b"), "{e}");
+    let e = top_p("f32[b,32]", "f32[b]", "f32[b]", "bf16[b]").unwrap_err();
+    assert!(
+        e.contains("uniform must be f32[b], one per row, is bf16[b]"),
+        "{e}"
+    );
+    let e = top_p("f32[b,32]", "f32[b,1]", "f32[b]", "f32[b]").unwrap_err();
+    assert!(e.contains("temperature must be f32[b]"), "{e}");
+    err(
+        Op::SampleTopP {},
+        &["f32[b,32]", "f32[b]", "f32[b]"],
+        &["takes 4 operands, has 3"],
+    );
+}

@@ -369,3 +369,33 @@ fn odd_names_round_trip() {
     // Every node stays on its own line: escapes keep newlines out of the text's lines.
     assert_eq!(text.lines().count(), 1 + 1 + 1 + 1 + odd.len() + 1 + 1);
 }
+
+/// The ops that end a phase: the last position's row, then the samplers. Parsed from text,
+/// printed back identically, and RON agrees.
+#[test]
+fn sampling_ops_round_trip() {
+    let text = "glmc.module \"m\"\n\
+        \n\
+        func @prefill {\n  \
+          %0 = input {index=0} : f32[s,4] \"hidden\"\n  \
+          %1 = input {index=1} : f32[1] \"temperature\"\n  \
+          %2 = input {index=2} : f32[1] \"top_p\"\n  \
+          %3 = input {index=3} : f32[1] \"uniform\"\n  \
+          %4 = slice.last %0 : f32[1,4] \"model.last_position\"\n  \
+          %5 = weight {recipe=hf(\"lm_head.weight\", [8, 4])} : f32[8,4] \"lm_head.weight\"\n  \
+          %6 = matmul %4, %5 : f32[1,8] \"logits\"\n  \
+          %7 = sample.argmax %6 : i64[1] \"greedy\"\n  \
+          %8 = sample.top_p %6, %1, %2, %3 : i64[1] \"next_token\"\n  \
+          return %6 \"logits\", %7 \"greedy\", %8 \"next_token\"\n\
+        }\n";
+    let m = parse_module(text).unwrap_or_else(|e| panic!("{e}"));
+    verify_module(&m).unwrap();
+    assert_eq!(print_module(&m), text);
+    let f = m.function("prefill").unwrap();
+    let op = |name| f.node(node(f, name)).op.clone();
+    assert_eq!(op("model.last_position"), Op::SliceLast {});
+    assert_eq!(op("greedy"), Op::SampleArgmax {});
+    assert_eq!(op("next_token"), Op::SampleTopP {});
+    let back = from_ron(&to_ron(&m).unwrap()).unwrap();
+    assert_eq!(print_module(&back), text);
+}

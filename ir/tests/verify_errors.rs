@@ -525,3 +525,25 @@ fn rebuilding_after_break_and_fix_verifies() {
     f.graph[n].outputs = good;
     verify_module(&m).unwrap();
 }
+
+/// A sampler with a mis-shaped operand: the error names the function, the node, the op and
+/// every operand's type.
+#[test]
+fn sampler_errors_name_the_node_and_shapes() {
+    use glmc_ir::{DType, Dim, Function, Op, TensorType};
+    let mut f = Function::new("decode");
+    let ty = |dtype, dims: Vec<Dim>| TensorType::new(dtype, dims);
+    let logits = f.push_input(0, "logits", ty(DType::F32, vec![Dim::sym("b"), Dim::Const(8)]));
+    let t = f.push_input(1, "temperature", ty(DType::F32, vec![Dim::sym("b")]));
+    let p = f.push_input(2, "top_p", ty(DType::F32, vec![Dim::Const(1)]));
+    let u = f.push_input(3, "uniform", ty(DType::F32, vec![Dim::sym("b")]));
+    let e = f
+        .push(Op::SampleTopP {}, "next_token", &[logits, t, p, u])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "@decode: node \"next_token\" (sample.top_p of f32[b,8], f32[b], f32[1], f32[b]): \
+         top_p and logits rows differ: 1 vs b"
+    );
+}

@@ -7,10 +7,16 @@
 //! checkpoints line up by name.
 //!
 //! Two entry functions share one set of cache states:
-//! - `prefill(input_ids i64[s], positions i64[s])` appends `s` tokens of one sequence to its
-//!   caches (which may already hold earlier chunks) and returns `logits [s, vocab]`;
-//! - `decode(input_ids i64[b], positions i64[b])` appends one token to each of `b` sequences,
-//!   each at its own position, and returns `logits [b, vocab]`.
+//! - `prefill(input_ids i64[s], positions i64[s], temperature f32[1], top_p f32[1],
+//!   uniform f32[1])` appends `s` tokens of one sequence to its caches (which may already hold
+//!   earlier chunks) and returns `logits f32[1, vocab]` for its last position, or `[s, vocab]`
+//!   for every position when built with [`LogitRows::All`], and `next_token i64[1]`;
+//! - `decode(input_ids i64[b], positions i64[b], temperature f32[b], top_p f32[b],
+//!   uniform f32[b])` appends one token to each of `b` sequences, each at its own position, and
+//!   returns `logits f32[b, vocab]` and `next_token i64[b]`.
+//!
+//! `next_token` is `sample.top_p` of the logits of each sequence's last position, so a GPU
+//! backend can fuse `lm_head` with the sampler; `temperature` 0 makes it greedy.
 
 use glmc_ir::{DType, Dim, Function, Module, Op, Recipe, TensorType, Value, VerifyError};
 
@@ -43,13 +49,31 @@ impl Phase {
     }
 }
 
+/// Which positions of a prefill get logits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogitRows {
+    /// The last position only: generation needs no more, and the hidden state is cut to that
+    /// row before the final norm and `lm_head` (at GLM-5 scale the logits of an 8192-token
+    /// prefill would be 4.7 GiB).
+    #[default]
+    Last,
+    /// Every position (`glmc run --dump-logits`, comparisons with a reference model).
+    All,
+}
+
+/// What the caller asks of the graph, beyond the model itself (which [`ModelConfig`] describes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BuildOptions {
+    pub logits: LogitRows,
+}
+
 /// Builds the module with both phases. An error here means the config and the builder
 /// disagree; a validated config never produces one.
-pub fn build(config: &ModelConfig) -> Result<Module, VerifyError> {
+pub fn build(config: &ModelConfig, options: &BuildOptions) -> Result<Module, VerifyError> {
     let mut module = Module::new(config.name.clone());
     declare_states(config, &mut module);
     for phase in PHASES {
-        let f = build_function(config, phase)?;
+        let f = build_function(config, options, phase)?;
         module.functions.push(f);
     }
     Ok(module)
@@ -188,7 +212,11 @@ impl Ctx<'_> {
     }
 }
 
-fn build_function(c: &ModelConfig, phase: Phase) -> Result<Function, VerifyError> {
+fn build_function(
+    c: &ModelConfig,
+    options: &BuildOptions,
+    phase: Phase,
+) -> Result<Function, VerifyError> {
     let mut f = Function::new(phase.name());
     let rows = phase.rows();
     let ids = f.push_input(
@@ -196,7 +224,24 @@ fn build_function(c: &ModelConfig, phase: Phase) -> Result<Function, VerifyError
         "input_ids",
         TensorType::new(DType::I64, vec![rows.clone()]),
     );
-    let positions = f.push_input(1, "positions", TensorType::new(DType::I64, vec![rows]));
+    let positions = f.push_input(
+        1,
+        "positions",
+        TensorType::new(DType::I64, vec![rows.clone()]),
+    );
+    // One sampled row per sequence: prefill holds one sequence, decode `b`.
+    let sampled = match phase {
+        Phase::Prefill => Dim::Const(1),
+        Phase::Decode => rows,
+    };
+    let sampler: Vec<Value> = ["temperature", "top_p", "uniform"]
+        .into_iter()
+        .enumerate()
+        .map(|(k, name)| {
+            let ty = TensorType::new(DType::F32, vec![sampled.clone()]);
+            f.push_input(2 + k as u64, name, ty)
+        })
+        .collect();
     let mut cx = Ctx {
         c,
         f,
@@ -233,10 +278,25 @@ fn build_function(c: &ModelConfig, phase: Phase) -> Result<Function, VerifyError
         };
         h = cx.op(Op::Add {}, format!("{p}.mlp_residual"), &[h, mlp])?;
     }
+    let all_rows = phase == Phase::Decode || options.logits == LogitRows::All;
+    let h = if all_rows {
+        h
+    } else {
+        cx.op(Op::SliceLast {}, "model.last_position", &[h])?
+    };
     let h = cx.rmsnorm("model.norm", h, c.hidden_size, c.rms_norm_eps)?;
     let logits = cx.linear("lm_head", h, c.vocab_size, c.hidden_size)?;
     let logits = cx.cast_to("logits".into(), logits, DType::F32)?;
+    let last = if phase == Phase::Prefill && all_rows {
+        cx.op(Op::SliceLast {}, "logits.last_position", &[logits])?
+    } else {
+        logits
+    };
+    let mut operands = vec![last];
+    operands.extend(sampler);
+    let next = cx.op(Op::SampleTopP {}, "next_token", &operands)?;
     cx.f.results.push(("logits".into(), logits));
+    cx.f.results.push(("next_token".into(), next));
     Ok(cx.f)
 }
 

@@ -7,14 +7,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use glmc_ir::{print_module, Module, Op, Recipe};
-use glmc_models::builder::build;
+use glmc_models::builder::{build, BuildOptions, LogitRows};
 use glmc_models::{import_hf, shipped_config_path, ModelConfig};
 use glmc_passes::absorb_mla::AbsorbMla;
 use glmc_passes::fuse_elementwise::FuseElementwise;
 use glmc_passes::fuse_mla_projections::FuseMlaProjections;
 use glmc_passes::select_attention::SelectAttention;
 use glmc_passes::{AttentionChoice, Pass, PassError, PassManager};
-use glmc_runtime::{Checkpoint, InterpError, Interpreter, SequenceCache, Tensor, WeightSource};
+use glmc_runtime::{
+    phase_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache, Tensor,
+    WeightSource,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Modules
@@ -36,7 +39,10 @@ fn before_pass() -> PassManager {
 
 /// The module as `fuse-elementwise` gets it in the pipeline, and as it leaves it.
 fn before_and_after(config: &ModelConfig) -> (Module, Module) {
-    let mut before = build(config).expect("the builder's module verifies");
+    let all = BuildOptions {
+        logits: LogitRows::All,
+    };
+    let mut before = build(config, &all).expect("the builder's module verifies");
     before_pass()
         .run(&mut before)
         .expect("the earlier passes run");
@@ -305,36 +311,36 @@ fn session(
     prompts: &[Vec<i64>],
     next: &[Vec<i64>],
 ) -> Vec<Tensor> {
-    let ids = |v: &[i64]| Tensor::i64(vec![v.len()], v.to_vec()).unwrap();
+    let greedy = Sampling::default();
     let mut interp = Interpreter::new();
     let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| SequenceCache::new()).collect();
     let mut logits = Vec::new();
     for (p, cache) in prompts.iter().zip(&mut caches) {
         let positions: Vec<i64> = (0..p.len() as i64).collect();
-        let out = interp
+        let mut out = interp
             .run(
                 m,
                 m.function("prefill").unwrap(),
                 weights,
                 &mut [cache],
-                &[ids(p), ids(&positions)],
+                &phase_inputs(p, &positions, &greedy, 0, 1),
             )
             .unwrap_or_else(|e| panic!("prefill: {e}"));
-        logits.extend(out);
+        logits.push(out.swap_remove(0));
     }
     for step in next {
         let positions: Vec<i64> = caches.iter().map(|c| c.len() as i64).collect();
         let mut refs: Vec<&mut SequenceCache> = caches.iter_mut().collect();
-        let out = interp
+        let mut out = interp
             .run(
                 m,
                 m.function("decode").unwrap(),
                 weights,
                 &mut refs,
-                &[ids(step), ids(&positions)],
+                &phase_inputs(step, &positions, &greedy, 0, step.len()),
             )
             .unwrap_or_else(|e| panic!("decode: {e}"));
-        logits.extend(out);
+        logits.push(out.swap_remove(0));
     }
     logits
 }
@@ -503,7 +509,7 @@ fn first_node(m: &mut Module, pick: fn(&Op) -> bool) -> (usize, glmc_ir::NodeInd
 }
 
 fn sabotaged_error(sabotage: fn(&mut Module)) -> String {
-    let mut m = build(&load("tiny-sparse.ron")).unwrap();
+    let mut m = build(&load("tiny-sparse.ron"), &BuildOptions::default()).unwrap();
     before_pass().run(&mut m).unwrap();
     let mut pm = PassManager::new();
     pm.add(Sabotaged(sabotage));

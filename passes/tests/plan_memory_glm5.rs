@@ -18,7 +18,8 @@ fn glm5_config() -> ModelConfig {
 
 /// The builder's module (expanded MLA), and with `optimize` the pipeline's.
 fn glm5(optimize: bool, attention: AttentionChoice) -> Module {
-    let mut m = glmc_models::builder::build(&glm5_config()).unwrap();
+    let options = glmc_models::builder::BuildOptions::default();
+    let mut m = glmc_models::builder::build(&glm5_config(), &options).unwrap();
     let options = PipelineOptions {
         no_optimization: !optimize,
         attention,
@@ -97,13 +98,23 @@ fn compiled_glm5_plans_soundly_with_hand_checked_sizes() {
         if phase == "prefill" {
             assert_eq!(value("model.embed_tokens").bytes, 96 * MIB);
         }
-        // The logits, f32, are the largest intermediate.
+        // The logits, f32, of one row per sequence: prefill's last position, decode's batch.
+        let sequences = if phase == "prefill" { 1 } else { b };
+        assert_eq!(value("logits").bytes, sequences * vocab * 4, "@{phase}");
+        // Decode's logits are its largest intermediate; prefill's (605 KiB) no longer are,
+        // the absorbed query s × 64 heads × 512 (bf16, 512 MiB) is.
         let largest = plan.largest_intermediate().unwrap();
+        let (name, bytes) = match phase {
+            "prefill" => (
+                "model.layers.0.self_attn.q_absorbed",
+                rows * heads * latent * 2,
+            ),
+            _ => ("logits", rows * vocab * 4),
+        };
         assert_eq!(
-            largest.bytes,
-            rows * vocab * 4,
-            "@{phase}: {}",
-            largest.name
+            (largest.name.as_str(), largest.bytes),
+            (name, bytes),
+            "@{phase}"
         );
         // Absorbed attention: the latent output rows × 64 heads × 512, bf16.
         assert_eq!(

@@ -5,7 +5,7 @@
 use glmc_ir::{Function, Module};
 
 use crate::interp::{InterpError, Interpreter, SequenceCache, TraceFn, WeightSource};
-use crate::sampling::{Sampler, SamplingError};
+use crate::sampling::{Sampling, SamplingError};
 use crate::tensor::Tensor;
 
 #[derive(Debug, thiserror::Error)]
@@ -16,12 +16,22 @@ pub enum GenerateError {
     Sampling(#[from] SamplingError),
     #[error("the module has no `{0}` function; was it built by glmc?")]
     MissingFunction(&'static str),
+    #[error("`{function}` has no `{result}` result; was it built by glmc?")]
+    MissingResult {
+        function: &'static str,
+        result: &'static str,
+    },
     #[error("the prompt is empty; give at least one token")]
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary (0..{vocab})")]
     TokenOutOfRange { id: u64, vocab: usize },
-    #[error("`{function}` returned {got}, expected logits [rows, vocab]")]
-    BadLogits { function: &'static str, got: String },
+    #[error("`{function}` returned {result} of {got}, expected {expected}")]
+    BadResult {
+        function: &'static str,
+        result: &'static str,
+        got: String,
+        expected: String,
+    },
 }
 
 /// Which call of the model a trace record comes from.
@@ -33,15 +43,73 @@ pub enum Call {
     Decode { position: usize },
 }
 
+/// What one call of `prefill` or `decode` returned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    /// The logits rows the graph computes: prefill's last position (or every position, for a
+    /// module built with `LogitRows::All`), decode's one row.
+    pub logits: Vec<Vec<f32>>,
+    /// The graph's `next_token`, drawn from the last row; `None` when that row holds only NaN.
+    pub next_token: Option<u64>,
+}
+
+/// The inputs of the builder's `prefill` and `decode`, in argument order: `input_ids` and
+/// `positions` (one per token), then the sampler's `temperature`, `top_p` and `uniform`, one per
+/// sampled row (`sampled_rows`: 1 for prefill, one per sequence for decode), the uniform of
+/// row `r` drawn by `sampling` for `(step, r)`.
+pub fn phase_inputs(
+    ids: &[i64],
+    positions: &[i64],
+    sampling: &Sampling,
+    step: u64,
+    sampled_rows: usize,
+) -> Vec<Tensor> {
+    let per_row = |v: Vec<f32>| Tensor::f32(vec![sampled_rows], v).expect("one per row");
+    let uniform = (0..sampled_rows as u64)
+        .map(|r| sampling.uniform(step, r))
+        .collect();
+    vec![
+        Tensor::i64(vec![ids.len()], ids.to_vec()).expect("one id per row"),
+        Tensor::i64(vec![positions.len()], positions.to_vec()).expect("one position per row"),
+        per_row(vec![sampling.temperature; sampled_rows]),
+        per_row(vec![sampling.top_p; sampled_rows]),
+        per_row(uniform),
+    ]
+}
+
+/// Where a function's results sit.
+#[derive(Clone, Copy)]
+struct Results {
+    logits: usize,
+    next_token: usize,
+}
+
+impl Results {
+    fn find(f: &Function, function: &'static str) -> Result<Results, GenerateError> {
+        let index = |result: &'static str| {
+            f.results
+                .iter()
+                .position(|(name, _)| name == result)
+                .ok_or(GenerateError::MissingResult { function, result })
+        };
+        Ok(Results {
+            logits: index("logits")?,
+            next_token: index("next_token")?,
+        })
+    }
+}
+
 /// One sequence being generated.
 pub struct Generator<'a> {
     module: &'a Module,
-    prefill: &'a Function,
-    decode: &'a Function,
+    prefill: (&'a Function, Results),
+    decode: (&'a Function, Results),
     weights: &'a dyn WeightSource,
     interp: Interpreter,
     cache: SequenceCache,
     vocab: Option<usize>,
+    /// Calls so far: the `step` of the next call's uniform draw.
+    calls: u64,
 }
 
 impl<'a> Generator<'a> {
@@ -55,10 +123,14 @@ impl<'a> Generator<'a> {
         let decode = module
             .function("decode")
             .ok_or(GenerateError::MissingFunction("decode"))?;
-        let vocab = prefill
-            .results
-            .first()
-            .and_then(|(_, v)| prefill.value_type(*v).shape.last()?.as_const());
+        let prefill = (prefill, Results::find(prefill, "prefill")?);
+        let decode = (decode, Results::find(decode, "decode")?);
+        let (f, results) = prefill;
+        let vocab = f
+            .value_type(f.results[results.logits].1)
+            .shape
+            .last()
+            .and_then(|d| d.as_const());
         Ok(Generator {
             module,
             prefill,
@@ -67,6 +139,7 @@ impl<'a> Generator<'a> {
             interp: Interpreter::new(),
             cache: SequenceCache::new(),
             vocab: vocab.map(|v| v as usize),
+            calls: 0,
         })
     }
 
@@ -88,12 +161,14 @@ impl<'a> Generator<'a> {
         Ok(())
     }
 
-    /// Appends `ids` to the sequence in one prefill call; returns one logits row per token.
+    /// Appends `ids` to the sequence in one prefill call, drawing the next token with
+    /// `sampling`.
     pub fn prefill(
         &mut self,
         ids: &[u64],
+        sampling: &Sampling,
         trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
-    ) -> Result<Vec<Vec<f32>>, GenerateError> {
+    ) -> Result<Step, GenerateError> {
         if ids.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
@@ -103,33 +178,48 @@ impl<'a> Generator<'a> {
             start,
             len: ids.len(),
         };
-        let inputs = token_inputs(ids, start..start + ids.len());
-        let f = self.prefill;
-        let out = self.run(f, &inputs, call, trace)?;
-        rows(out, "prefill", ids.len())
+        let (f, results) = self.prefill;
+        let out = self.run(f, ids, start, sampling, 1, call, trace)?;
+        step(out, results, "prefill", ids.len())
     }
 
-    /// Appends one token through `decode`; returns its logits row.
+    /// Appends one token through `decode`, drawing the next token with `sampling`.
     pub fn decode(
         &mut self,
         id: u64,
+        sampling: &Sampling,
         trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
-    ) -> Result<Vec<f32>, GenerateError> {
+    ) -> Result<Step, GenerateError> {
         self.check_ids(&[id])?;
         let position = self.cache.len();
-        let inputs = token_inputs(&[id], position..position + 1);
-        let f = self.decode;
-        let out = self.run(f, &inputs, Call::Decode { position }, trace)?;
-        Ok(rows(out, "decode", 1)?.remove(0))
+        let (f, results) = self.decode;
+        let out = self.run(
+            f,
+            &[id],
+            position,
+            sampling,
+            1,
+            Call::Decode { position },
+            trace,
+        )?;
+        step(out, results, "decode", 1)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
         f: &Function,
-        inputs: &[Tensor],
+        ids: &[u64],
+        start: usize,
+        sampling: &Sampling,
+        sampled_rows: usize,
         call: Call,
         trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
     ) -> Result<Vec<Tensor>, GenerateError> {
+        let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+        let positions: Vec<i64> = (start..start + ids.len()).map(|p| p as i64).collect();
+        let inputs = phase_inputs(&ids, &positions, sampling, self.calls, sampled_rows);
+        self.calls += 1;
         let mut hook = |node: &glmc_ir::Node, outputs: &[&Tensor]| trace(call, node, outputs);
         let hook: &mut TraceFn = &mut hook;
         Ok(self.interp.run_traced(
@@ -137,44 +227,46 @@ impl<'a> Generator<'a> {
             f,
             self.weights,
             &mut [&mut self.cache],
-            inputs,
+            &inputs,
             hook,
         )?)
     }
 }
 
-fn token_inputs(ids: &[u64], positions: std::ops::Range<usize>) -> [Tensor; 2] {
-    let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
-    let positions: Vec<i64> = positions.map(|p| p as i64).collect();
-    let n = ids.len();
-    [
-        Tensor::i64(vec![n], ids).expect("one id per row"),
-        Tensor::i64(vec![n], positions).expect("one position per row"),
-    ]
-}
-
-fn rows(
+/// The logits rows and the next token of one call of a one-sequence batch of `n` tokens: a
+/// prefill returns one logits row or `n`, a decode one.
+fn step(
     mut out: Vec<Tensor>,
+    results: Results,
     function: &'static str,
     n: usize,
-) -> Result<Vec<Vec<f32>>, GenerateError> {
-    let bad = |t: &Tensor| GenerateError::BadLogits {
+) -> Result<Step, GenerateError> {
+    let bad = |result: &'static str, got: String, expected: &str| GenerateError::BadResult {
         function,
-        got: format!("{:?}", t.shape()),
+        result,
+        got,
+        expected: expected.to_string(),
     };
-    let logits = out.remove(0);
-    let [rows, vocab] = logits.shape() else {
-        return Err(bad(&logits));
+    let next = std::mem::replace(&mut out[results.next_token], Tensor::zeros(vec![0]));
+    let logits = std::mem::replace(&mut out[results.logits], Tensor::zeros(vec![0]));
+    let shape = format!("{:?}", logits.shape());
+    let &[rows, vocab] = logits.shape() else {
+        return Err(bad("logits", shape, "[rows, vocab]"));
     };
-    let (rows, vocab) = (*rows, *vocab);
-    if rows != n {
-        return Err(bad(&logits));
+    if rows != 1 && rows != n {
+        return Err(bad("logits", shape, &format!("1 or {n} rows")));
     }
-    let data = logits.into_f32().map_err(|_| GenerateError::BadLogits {
-        function,
-        got: "integer logits".into(),
-    })?;
-    Ok(data.chunks(vocab).map(<[f32]>::to_vec).collect())
+    let data = logits
+        .into_f32()
+        .map_err(|_| bad("logits", "integers".into(), "floats"))?;
+    let next = match next.as_i64() {
+        Ok(&[id]) => id,
+        _ => return Err(bad("next_token", format!("{:?}", next.shape()), "one id")),
+    };
+    Ok(Step {
+        logits: data.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
+        next_token: u64::try_from(next).ok(),
+    })
 }
 
 /// What one generation produced.
@@ -183,29 +275,39 @@ pub struct Generation {
     /// Every token fed to the model: the prompt, then the generated tokens.
     pub tokens: Vec<u64>,
     pub generated: Vec<u64>,
-    /// Row `i`: the logits after token `i` of `tokens`.
+    /// Row `i`: the logits after token `logits_from + i` of `tokens`. A module built with
+    /// `LogitRows::All` gives every row (`logits_from` = 0); one built with `LogitRows::Last`
+    /// starts at the prompt's last token.
     pub logits: Vec<Vec<f32>>,
+    pub logits_from: usize,
 }
 
-/// Prefills `prompt`, then samples up to `max_new` tokens, stopping after an `eos` token. Every
-/// generated token is fed back, so `logits` has one row per token of `tokens`.
+/// Prefills `prompt`, then takes up to `max_new` tokens from the graph's `next_token` (drawn
+/// with `sampling`), stopping after an `eos` token. Every generated token is fed back, so
+/// `logits` reaches the last token of `tokens`.
 pub fn generate(
     gen: &mut Generator,
     prompt: &[u64],
     max_new: usize,
-    sampler: &mut Sampler,
+    sampling: &Sampling,
     eos: &[u64],
     trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
 ) -> Result<Generation, GenerateError> {
-    let mut logits = gen.prefill(prompt, trace)?;
+    sampling.validate()?;
+    let first = gen.prefill(prompt, sampling, trace)?;
+    let logits_from = prompt.len() - first.logits.len();
+    let mut logits = first.logits;
+    let mut next = first.next_token;
     let mut tokens = prompt.to_vec();
     let mut generated = Vec::new();
     while generated.len() < max_new {
-        let next = sampler.sample(logits.last().expect("prefill returns a row per token"))?;
-        generated.push(next);
-        tokens.push(next);
-        logits.push(gen.decode(next, trace)?);
-        if eos.contains(&next) {
+        let token = next.ok_or(SamplingError::BadLogits)?;
+        generated.push(token);
+        tokens.push(token);
+        let step = gen.decode(token, sampling, trace)?;
+        logits.extend(step.logits);
+        next = step.next_token;
+        if eos.contains(&token) {
             break;
         }
     }
@@ -213,12 +315,14 @@ pub fn generate(
         tokens,
         generated,
         logits,
+        logits_from,
     })
 }
 
 impl Generation {
-    /// Writes `tokens` (i64 [T]), `logits` (f32 [T, vocab]) and `generated` (i64 [N]) as a
-    /// safetensors file (`glmc run --dump-logits`).
+    /// Writes `tokens` (i64 [T]), `logits` (f32 [rows, vocab], rows = T − `logits_from`) and
+    /// `generated` (i64 [N]) as a safetensors file (`glmc run --dump-logits`, which builds
+    /// with every row, so rows = T).
     pub fn write_safetensors(
         &self,
         path: &std::path::Path,

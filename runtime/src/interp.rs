@@ -4,9 +4,9 @@
 //! builds (or a pass rewrites) can be run and compared against. Values are stored as f32 (every
 //! float dtype: a `bf16` node only means "the model's dtype") or i64 (every integer dtype);
 //! reductions that decide the result's accuracy (norm statistics, dot products, softmax, router,
-//! indexer scores, expert sums) accumulate in f64. Matmul rows and column tiles, attention
-//! (row, head) pairs, indexer rows and experts run in parallel on rayon's global pool; the
-//! summation order never depends on the thread count, so results are bit-for-bit reproducible.
+//! indexer scores, expert sums, sampling probabilities) accumulate in f64. Matmul rows and
+//! column tiles, attention (row, head) pairs, indexer rows, experts and sampled rows run in
+//! parallel on rayon's global pool; the summation order never depends on the thread count, so results are bit-for-bit reproducible.
 //!
 //! * [`WeightSource`] supplies weight nodes' values: a [`Checkpoint`] (through its recipe) or a
 //!   `HashMap<String, Tensor>` keyed by weight node name. An [`Interpreter`] keeps every
@@ -23,6 +23,7 @@ mod cache;
 mod fused;
 mod kernels;
 mod moe;
+mod sample;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -454,6 +455,7 @@ impl Interpreter {
                 let parts: Vec<Tensor> = args.iter().map(|t| (**t).clone()).collect();
                 one(Tensor::concat(*axis as usize, &parts).map_err(msg)?)
             }
+            Op::SliceLast {} => one(sample::slice_last(a(0))?),
             Op::CacheUpdate { batched, state } => {
                 let rows = a(0).shape().first().copied().unwrap_or(0);
                 let pos = env.positions(a(1), rows)?;
@@ -526,6 +528,8 @@ impl Interpreter {
                 Ok(vec![Arc::new(w), Arc::new(e)])
             }
             Op::MoeExperts {} => one(moe::experts(a(0), a(1), a(2), a(3), a(4), a(5))?),
+            Op::SampleArgmax {} => one(sample::argmax(a(0))?),
+            Op::SampleTopP {} => one(sample::top_p(a(0), a(1), a(2), a(3))?),
         }
     }
 

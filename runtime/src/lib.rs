@@ -8,7 +8,7 @@ pub use interp::{
 };
 pub mod generate;
 pub mod sampling;
-pub use generate::{generate, Call, GenerateError, Generation, Generator};
-pub use sampling::{Sampler, Sampling, SamplingError};
+pub use generate::{generate, phase_inputs, Call, GenerateError, Generation, Generator, Step};
+pub use sampling::{Sampling, SamplingError};
 pub mod trace;
 pub mod cuda;

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use glmc_ir::Module;
+use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_passes::{AttentionChoice, PipelineOptions};
-use glmc_runtime::{Checkpoint, Interpreter, SequenceCache, Tensor};
+use glmc_runtime::{Checkpoint, Interpreter, Sampling, SequenceCache};
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
@@ -461,7 +462,11 @@ pub fn ids_arg(ids: &[u64]) -> String {
 pub fn build_module(dir: &Path) -> Module {
     let config = glmc_models::import_hf(dir)
         .unwrap_or_else(|e| panic!("{}: importing config.json: {e}", dir.display()));
-    glmc_models::builder::build(&config)
+    // The oracle compares every position.
+    let options = BuildOptions {
+        logits: LogitRows::All,
+    };
+    glmc_models::builder::build(&config, &options)
         .unwrap_or_else(|e| panic!("{}: building the graph: {e}", dir.display()))
 }
 
@@ -499,10 +504,9 @@ pub fn prefill_patched(
 ) -> Logits {
     let f = module.function("prefill").expect("a prefill function");
     let n = tokens.len();
-    let inputs = [
-        Tensor::i64(vec![n], tokens.iter().map(|&t| t as i64).collect()).expect("ids"),
-        Tensor::i64(vec![n], (0..n as i64).collect()).expect("positions"),
-    ];
+    let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+    let positions: Vec<i64> = (0..n as i64).collect();
+    let inputs = glmc_runtime::phase_inputs(&ids, &positions, &Sampling::default(), 0, 1);
     let mut cache = SequenceCache::new();
     let out = Interpreter::new()
         .run_patched(module, f, weights, &mut [&mut cache], &inputs, patch)

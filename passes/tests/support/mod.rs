@@ -10,10 +10,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use glmc_ir::{Module, Node, Op};
+use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, AttentionChoice, PassError, PassManager, PipelineOptions, PIPELINE};
 use glmc_runtime::{
-    Checkpoint, InterpError, Interpreter, SequenceCache, Tensor, TraceFn, WeightSource,
+    phase_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache, Tensor, TraceFn,
+    WeightSource,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -33,9 +35,14 @@ pub fn shipped(file: &str) -> ModelConfig {
     ModelConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The builder's module for `config` (expanded MLA, separate projections, the indexer).
+/// The builder's module for `config` (expanded MLA, separate projections, the indexer), with
+/// the logits of every prefill position, which translation validation compares.
 pub fn build(config: &ModelConfig) -> Module {
-    glmc_models::builder::build(config).unwrap_or_else(|e| panic!("building {}: {e}", config.name))
+    let options = BuildOptions {
+        logits: LogitRows::All,
+    };
+    glmc_models::builder::build(config, &options)
+        .unwrap_or_else(|e| panic!("building {}: {e}", config.name))
 }
 
 /// The oracle fixture directories, sorted by case name.
@@ -409,12 +416,14 @@ pub fn run_traced(
     let mut interp = Interpreter::new();
     let mut caches: Vec<SequenceCache> = vec![SequenceCache::new(); workload.sequences.len()];
     let mut rows = Vec::new();
-    let tensor = |v: Vec<i64>| Tensor::i64(vec![v.len()], v).expect("a 1-d tensor");
+    // Greedy: the logits are compared, `next_token` only has to run.
+    let greedy = Sampling::default();
     for (s, cache) in workload.sequences.iter().zip(&mut caches) {
         let mut pos = 0i64;
         for chunk in &s.chunks {
             let n = chunk.len() as i64;
-            let inputs = [tensor(chunk.clone()), tensor((pos..pos + n).collect())];
+            let positions: Vec<i64> = (pos..pos + n).collect();
+            let inputs = phase_inputs(chunk, &positions, &greedy, 0, 1);
             let out = interp.run_traced(module, prefill, weights, &mut [cache], &inputs, trace)?;
             push_rows(&mut rows, &out[0]);
             pos += n;
@@ -426,14 +435,14 @@ pub fn run_traced(
         "every sequence of a batch decodes the same number of steps"
     );
     for step in 0..steps {
-        let ids = workload.sequences.iter().map(|s| s.decode[step]).collect();
-        let positions = workload
+        let ids: Vec<i64> = workload.sequences.iter().map(|s| s.decode[step]).collect();
+        let positions: Vec<i64> = workload
             .sequences
             .iter()
             .map(|s| (s.prefill_len() + step) as i64)
             .collect();
         let mut refs: Vec<&mut SequenceCache> = caches.iter_mut().collect();
-        let inputs = [tensor(ids), tensor(positions)];
+        let inputs = phase_inputs(&ids, &positions, &greedy, 0, ids.len());
         let out = interp.run_traced(module, decode, weights, &mut refs, &inputs, trace)?;
         push_rows(&mut rows, &out[0]);
     }
