@@ -98,7 +98,8 @@ __device__ i64 {{ name }}_nth_tie(const {{ name }}_Row& row, float value, i64 j,
     return found;
 }
 {% endif %}
-extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
+// One block per SM at least, as in norm.cu: the one-argument form lets ptxas spill on sm_90a.
+extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
     i64* __restrict__ out, const {{ x_t }}* __restrict__ logits, i64 stride,
 {%- if top_p %}
     const float* __restrict__ temperature, const float* __restrict__ top_p,
