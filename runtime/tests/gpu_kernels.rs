@@ -1,0 +1,588 @@
+//! The GPU kernel harness (run on a GPU by `scripts/gpu-test.sh`; ignored elsewhere).
+//!
+//! Every kernel launch the shipped models lower to is checked against the reference
+//! interpreter's implementation of the same op: the node is cut out of its graph together with
+//! the views that feed it (so its operands keep the strides they have in the model), run through
+//! the real lowering and the generated CUDA on random inputs, and compared element by element.
+//! Then each kernel family is timed at GLM-5's sizes and its achieved bandwidth written down next
+//! to the copy roofline measured in the same run.
+//!
+//! Tolerances, from the arithmetic: an f32 output is within 1e-5 of the f64 interpreter relative
+//! to the row's largest value (f32 accumulation over at most 12288 terms); a bf16 output within
+//! one bf16 ulp of its value (2^-8 relative: the output rounding plus f32 differences) plus half
+//! an ulp of the largest value (cancellation of rounded operands, as in rope); integers exactly.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use glmc_codegen::expr::Bindings;
+use glmc_codegen::layout::{Buf, TensorRef};
+use glmc_codegen::schedule::{Phase, Step};
+use glmc_codegen::{lower_module, nvcc, render, Limits, Target};
+use glmc_ir::{DType, Function, Module, NodeIndex, Op, TensorType, Value};
+use glmc_models::ModelConfig;
+use glmc_passes::{pipeline, PipelineOptions};
+use glmc_runtime::cuda::{launch, Gpu, Memory};
+use glmc_runtime::{run_function, sampling, Tensor};
+use half::bf16;
+
+fn repo() -> PathBuf {
+    std::env::var_os("GLMC_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."))
+}
+
+/// Where the results go: `$GLMC_GPU_OUT` (the device's `$OUT`), else the temp dir.
+fn out_dir() -> PathBuf {
+    std::env::var_os("GLMC_GPU_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+fn model(file: &str) -> Module {
+    let config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
+    let mut m = glmc_models::builder::build(&config, &Default::default()).unwrap();
+    pipeline(&PipelineOptions::default())
+        .unwrap()
+        .run(&mut m)
+        .unwrap();
+    m
+}
+
+/// A tiny deterministic generator (xorshift), so a failure reproduces.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+fn is_view(op: &Op) -> bool {
+    matches!(op, Op::Slice { .. } | Op::Reshape { .. } | Op::SliceLast {})
+}
+
+/// Node `n` of `f` with the views that feed it, its other operands as inputs.
+fn cut(f: &Function, n: NodeIndex) -> Function {
+    let mut mini = Function::new(f.name.clone());
+    let mut inputs = 0u64;
+    let mut operands = Vec::new();
+    for v in f.operands(n) {
+        let mut chain = Vec::new();
+        let mut base = v;
+        while is_view(&f.node(base.node).op) {
+            chain.push(base.node);
+            base = f.operands(base.node)[0];
+        }
+        let node = f.node(base.node);
+        let mut value = mini.push_input(inputs, node.name.clone(), f.value_type(base).clone());
+        inputs += 1;
+        for &c in chain.iter().rev() {
+            let cn = f.node(c);
+            value = mini
+                .add_node(cn.op.clone(), cn.name.clone(), &[value], cn.outputs.clone())
+                .into();
+        }
+        operands.push(value);
+    }
+    let node = f.node(n);
+    let m = mini.add_node(node.op.clone(), node.name.clone(), &operands, node.outputs.clone());
+    for k in 0..node.outputs.len() {
+        mini.results.push((
+            format!("out{k}"),
+            Value {
+                node: m,
+                output: k as u32,
+            },
+        ));
+    }
+    mini
+}
+
+fn dims(ty: &TensorType, b: &Bindings) -> Vec<usize> {
+    ty.shape
+        .iter()
+        .map(|d| glmc_codegen::expr::Poly::from_dim(d).eval(b).unwrap() as usize)
+        .collect()
+}
+
+/// Random inputs for `mini`'s arguments: values a bf16 holds exactly where the type is bf16;
+/// ids inside the vocabulary; distinct positions inside the context.
+fn inputs(mini: &Function, b: &Bindings, rng: &mut Rng, vocab: u64, context: u64) -> Vec<Tensor> {
+    let mut ins: Vec<(u64, Tensor)> = Vec::new();
+    for n in mini.inputs() {
+        let node = mini.node(n);
+        let Op::Input { index } = node.op else { unreachable!() };
+        let ty = &node.outputs[0];
+        let shape = dims(ty, b);
+        let count: usize = shape.iter().product();
+        let t = match (ty.dtype, node.name.as_str()) {
+            (DType::F32, "uniform") => Tensor::f32(shape, (0..count).map(|_| rng.uniform()).collect()),
+            (DType::F32, "top_p") => Tensor::f32(shape, vec![0.9; count]),
+            // greedy and sampled rows alternate
+            (DType::F32, "temperature") => {
+                Tensor::f32(shape, (0..count).map(|i| (i % 2) as f32).collect())
+            }
+            (DType::I64, "positions") => {
+                let start = rng.next() % (context - count as u64).max(1);
+                Tensor::i64(shape, (0..count as i64).map(|i| start as i64 + i).collect())
+            }
+            (DType::I64, _) => Tensor::i64(
+                shape,
+                (0..count).map(|_| (rng.next() % vocab) as i64).collect(),
+            ),
+            (DType::BF16, _) => Tensor::f32(
+                shape,
+                (0..count)
+                    .map(|_| bf16::from_f32(rng.uniform() * 4.0 - 2.0).to_f32())
+                    .collect(),
+            ),
+            _ => Tensor::f32(shape, (0..count).map(|_| rng.uniform() * 4.0 - 2.0).collect()),
+        }
+        .unwrap();
+        ins.push((index, t));
+    }
+    ins.sort_by_key(|(i, _)| *i);
+    ins.into_iter().map(|(_, t)| t).collect()
+}
+
+fn to_bytes(t: &Tensor, dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::I64 => t.as_i64().unwrap().iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::BF16 => t
+            .as_f32()
+            .unwrap()
+            .iter()
+            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+        DType::F32 => t.as_f32().unwrap().iter().flat_map(|x| x.to_le_bytes()).collect(),
+        d => panic!("no {d} tensors in the harness"),
+    }
+}
+
+/// The elements of `at` (row-major) out of the bytes of its buffer.
+fn gather(bytes: &[u8], at: &TensorRef, b: &Bindings) -> Vec<f64> {
+    let shape: Vec<i64> = at.shape.iter().map(|d| d.eval(b).unwrap()).collect();
+    let strides: Vec<i64> = at.strides.iter().map(|d| d.eval(b).unwrap()).collect();
+    let offset = at.offset_bytes.eval(b).unwrap() as usize;
+    let size = at.dtype.size_bytes() as usize;
+    let count: i64 = shape.iter().product();
+    (0..count)
+        .map(|mut i| {
+            let mut e = 0i64;
+            for k in (0..shape.len()).rev() {
+                e += (i % shape[k]) * strides[k];
+                i /= shape[k];
+            }
+            let p = offset + e as usize * size;
+            let raw = &bytes[p..p + size];
+            match at.dtype {
+                DType::F32 => f32::from_le_bytes(raw.try_into().unwrap()) as f64,
+                DType::BF16 => bf16::from_le_bytes(raw.try_into().unwrap()).to_f64(),
+                DType::I64 => i64::from_le_bytes(raw.try_into().unwrap()) as f64,
+                d => panic!("no {d} outputs in the harness"),
+            }
+        })
+        .collect()
+}
+
+struct Device {
+    gpu: Gpu,
+    target: Target,
+    compiler: nvcc::Compiler,
+}
+
+impl Device {
+    fn open() -> Device {
+        let gpu = Gpu::open(0).expect("a GPU");
+        let target = match gpu.compute_capability().unwrap() {
+            (9, 0) => Target::Sm90a,
+            (12, 0) => Target::Sm120a,
+            cc => panic!("no target for compute capability {cc:?}"),
+        };
+        let compiler = nvcc::find(None).unwrap().expect("nvcc on PATH or $GLMC_NVCC");
+        Device {
+            gpu,
+            target,
+            compiler,
+        }
+    }
+}
+
+/// One lowered mini-module on the GPU: its inputs uploaded, its launches run; returns the bytes
+/// of the arena, of every input and of every state, and the phase.
+struct Run {
+    phase: Phase,
+    arena: Vec<u8>,
+    inputs: BTreeMap<u64, Vec<u8>>,
+    states: BTreeMap<String, Vec<u8>>,
+    seconds_per_run: Option<f64>,
+}
+
+fn run_on_gpu(
+    dev: &Device,
+    module: &Module,
+    limits: Limits,
+    ins: &[Tensor],
+    b: &Bindings,
+    time_it: bool,
+) -> Run {
+    let lowered = lower_module(module, dev.target, limits).unwrap();
+    let phase = lowered.phases[0].clone();
+    let source = render::render(&lowered.kernels).unwrap();
+    let compiled =
+        nvcc::compile(&dev.compiler, &source, dev.target, nvcc::default_cache_dir().as_deref())
+            .unwrap();
+    let gpu = &dev.gpu;
+    let mut kernels = gpu.load(&compiled.cubin).unwrap();
+    let arena = gpu.alloc(phase.arena_bytes as usize).unwrap();
+    let mut memory = Memory {
+        arena: gpu.address(&arena),
+        ..Default::default()
+    };
+    let mut input_bufs = Vec::new();
+    for (i, (_, at)) in phase.inputs.iter().enumerate() {
+        let buf = gpu.upload(&to_bytes(&ins[i], at.dtype)).unwrap();
+        let Buf::Input(index) = at.buf else { unreachable!() };
+        memory.inputs.insert(index, gpu.address(&buf));
+        input_bufs.push((index, buf));
+    }
+    let mut state_bufs = Vec::new();
+    for (name, ty) in &module.states {
+        let row: u64 = ty.shape.iter().filter_map(|d| d.as_const()).product();
+        let bytes = limits.max_batch * limits.max_context * row * ty.dtype.size_bytes();
+        let buf = gpu.alloc(bytes as usize).unwrap();
+        memory.states.insert(name.clone(), gpu.address(&buf));
+        state_bufs.push((name.clone(), buf));
+    }
+    let launches: Vec<_> = phase.launches().cloned().collect();
+    for l in &launches {
+        launch(gpu, &mut kernels, l, &memory, b).unwrap();
+    }
+    gpu.synchronize().unwrap();
+    let seconds_per_run = time_it.then(|| {
+        let reps = 20;
+        let start = gpu.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+        for _ in 0..reps {
+            for l in &launches {
+                launch(gpu, &mut kernels, l, &memory, b).unwrap();
+            }
+        }
+        let end = gpu.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+        end.synchronize().unwrap();
+        start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / reps as f64
+    });
+    Run {
+        phase,
+        arena: gpu.download(&arena).unwrap(),
+        inputs: input_bufs
+            .iter()
+            .map(|(i, buf)| (*i, gpu.download(buf).unwrap()))
+            .collect(),
+        states: state_bufs
+            .iter()
+            .map(|(n, buf)| (n.clone(), gpu.download(buf).unwrap()))
+            .collect(),
+        seconds_per_run,
+    }
+}
+
+fn bytes_of(run: &Run, at: &TensorRef) -> Vec<u8> {
+    match &at.buf {
+        Buf::Arena => run.arena.clone(),
+        Buf::Input(i) => run.inputs[i].clone(),
+        Buf::State(s) => run.states[s].clone(),
+        Buf::Weight(_) => panic!("a result in a weight"),
+    }
+}
+
+/// `Err(description)` when `gpu` is not within the tolerance of `reference`.
+fn compare(gpu: &[f64], reference: &[f64], dtype: DType) -> Result<f64, String> {
+    assert_eq!(gpu.len(), reference.len());
+    let scale = reference.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let mut worst = 0f64;
+    for (i, (g, r)) in gpu.iter().zip(reference).enumerate() {
+        let d = (g - r).abs();
+        let bound = match dtype {
+            DType::F32 => 1e-5 * scale.max(1e-30),
+            DType::BF16 => 2f64.powi(-8) * r.abs() + 2f64.powi(-9) * scale,
+            _ => 0.0,
+        };
+        if !(d <= bound) {
+            return Err(format!("element {i}: gpu {g} vs interpreter {r} (bound {bound:e})"));
+        }
+        worst = worst.max(d / scale.max(1e-30));
+    }
+    Ok(worst)
+}
+
+fn limits_for(phase: &str) -> Limits {
+    let _ = phase;
+    Limits {
+        max_prefill_tokens: 64,
+        max_batch: 8,
+        max_context: 256,
+    }
+}
+
+fn small_bindings(phase: &str) -> Bindings {
+    match phase {
+        "prefill" => Bindings::from([("s".into(), 7), ("t".into(), 19)]),
+        _ => Bindings::from([("b".into(), 5), ("t".into(), 23)]),
+    }
+}
+
+/// Checks one node: GPU vs interpreter (or, for `cache.update`, the rows written).
+fn check_node(
+    dev: &Device,
+    module: &Module,
+    f: &Function,
+    n: NodeIndex,
+    rng: &mut Rng,
+    vocab: u64,
+) -> Result<String, String> {
+    let node = f.node(n);
+    let mini = cut(f, n);
+    let mut mini_module = Module::new(format!("{}-{}", module.name, node.name));
+    if let Op::CacheUpdate { state, .. } = &node.op {
+        mini_module
+            .states
+            .insert(state.clone(), module.states[state].clone());
+    }
+    mini_module.functions.push(mini.clone());
+    let b = small_bindings(&f.name);
+    let limits = limits_for(&f.name);
+    let ins = inputs(&mini, &b, rng, vocab, limits.max_context);
+    let run = run_on_gpu(dev, &mini_module, limits, &ins, &b, false);
+    let kernels: Vec<String> = run.phase.launches().map(|l| l.kernel.clone()).collect();
+    if let Op::CacheUpdate { state, batched } = &node.op {
+        // Row i of the new values (the operand after its views, from the interpreter) must sit
+        // at positions[i] of its sequence's cache.
+        let mut views = mini.clone();
+        let last = views.results[0].1.node;
+        let operand = views.operands(last)[0];
+        views.graph.remove_node(last);
+        views.results = vec![("new".into(), operand)];
+        let new_rows = run_function(&mini_module, &views, &std::collections::HashMap::new(), &mut [], &ins)
+            .map_err(|e| format!("interpreter: {e}"))?;
+        let new = new_rows[0].as_f32().unwrap();
+        let pos = ins[1].as_i64().unwrap();
+        let row = new.len() / pos.len();
+        let ty = &module.states[state];
+        let cache = &run.states[state];
+        let size = ty.dtype.size_bytes() as usize;
+        for (i, &p) in pos.iter().enumerate() {
+            let seq = if *batched { i } else { 0 };
+            for j in 0..row {
+                let e = (seq * limits.max_context as usize + p as usize) * row + j;
+                let raw = &cache[e * size..(e + 1) * size];
+                let got = match ty.dtype {
+                    DType::BF16 => bf16::from_le_bytes(raw.try_into().unwrap()).to_f32(),
+                    _ => f32::from_le_bytes(raw.try_into().unwrap()),
+                };
+                if got != new[i * row + j] {
+                    return Err(format!("row {i} col {j}: cache holds {got}, wrote {}", new[i * row + j]));
+                }
+            }
+        }
+        return Ok(format!("{} rows exact via {}", pos.len(), kernels.join(",")));
+    }
+    let reference = run_function(&mini_module, &mini, &std::collections::HashMap::new(), &mut [], &ins)
+        .map_err(|e| format!("interpreter: {e}"))?;
+    let mut worst = 0f64;
+    for ((_, at), r) in run.phase.results.iter().zip(&reference) {
+        let gpu = gather(&bytes_of(&run, at), at, &b);
+        let want: Vec<f64> = match r.as_f32() {
+            Ok(v) => v.iter().map(|x| *x as f64).collect(),
+            Err(_) => r.as_i64().unwrap().iter().map(|x| *x as f64).collect(),
+        };
+        worst = worst.max(compare(&gpu, &want, at.dtype)?);
+    }
+    Ok(format!("max err {worst:.2e} via {}", kernels.join(",")))
+}
+
+#[test]
+#[ignore = "gpu"]
+fn every_kernel_instance_matches_the_interpreter() {
+    let dev = Device::open();
+    let mut report = String::new();
+    let mut failures = Vec::new();
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    for file in ["tiny-sparse.ron", "tiny-dense.ron", "glm5.ron"] {
+        let module = model(file);
+        let config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
+        for f in &module.functions {
+            let lowered = lower_module(&module, dev.target, limits_for(&f.name)).unwrap();
+            let phase = lowered.phases.iter().find(|p| p.function == f.name).unwrap();
+            // One node per distinct kernel (plus every concat that copies), checked on its own.
+            let mut seen = std::collections::HashSet::new();
+            for step in &phase.steps {
+                let Step::Launch(l) = step else { continue };
+                if !seen.insert(l.kernel.clone()) {
+                    continue;
+                }
+                let n = f.find(&l.node).expect("a launch names its node");
+                let result = check_node(&dev, &module, f, n, &mut rng, config.vocab_size);
+                let line = match &result {
+                    Ok(s) => format!("ok   {file} @{} {} \"{}\": {s}", f.name, l.op, l.node),
+                    Err(e) => format!("FAIL {file} @{} {} \"{}\": {e}", f.name, l.op, l.node),
+                };
+                println!("{line}");
+                writeln!(report, "{line}").unwrap();
+                if result.is_err() {
+                    failures.push(line);
+                }
+            }
+        }
+    }
+    std::fs::write(out_dir().join("harness.txt"), &report).unwrap();
+    assert!(failures.is_empty(), "{} kernels failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// 200 000 draws of the GPU's `sample.top_p` at temperature 2 and top-p 0.9 follow the nucleus
+/// distribution (the CPU test's statistical check); at temperature 0 every draw is the argmax.
+#[test]
+#[ignore = "gpu"]
+fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
+    let dev = Device::open();
+    let logits_row: Vec<f32> = vec![1.0, 2.5, -0.5, 0.3, 1.7, 2.2, -1.2, 0.9, 1.1, -2.0, 0.0, 1.4];
+    let v = logits_row.len();
+    let n = 200_000usize;
+    let mut f = Function::new("decode");
+    let b = glmc_ir::Dim::sym("b");
+    let logits = f.push_input(0, "logits", TensorType::new(DType::F32, vec![b.clone(), (v as u64).into()]));
+    let t = f.push_input(1, "temperature", TensorType::new(DType::F32, vec![b.clone()]));
+    let p = f.push_input(2, "top_p", TensorType::new(DType::F32, vec![b.clone()]));
+    let u = f.push_input(3, "uniform", TensorType::new(DType::F32, vec![b.clone()]));
+    let s = f.push(Op::SampleTopP {}, "next_token", &[logits, t, p, u]).unwrap();
+    f.results.push(("next_token".into(), s.into()));
+    let mut module = Module::new("sampling");
+    module.functions.push(f.clone());
+    for (temperature, name) in [(2.0f32, "t2"), (0.0, "t0")] {
+        let ins = vec![
+            Tensor::f32(vec![n, v], logits_row.iter().cycle().take(n * v).copied().collect()).unwrap(),
+            Tensor::f32(vec![n], vec![temperature; n]).unwrap(),
+            Tensor::f32(vec![n], vec![0.9; n]).unwrap(),
+            Tensor::f32(vec![n], (0..n as u64).map(|r| sampling::uniform(7, 0, r)).collect()).unwrap(),
+        ];
+        let bind = Bindings::from([("b".into(), n as u64), ("t".into(), 1)]);
+        let limits = Limits {
+            max_prefill_tokens: 1,
+            max_batch: n as u64,
+            max_context: 1,
+        };
+        let run = run_on_gpu(&dev, &module, limits, &ins, &bind, false);
+        let (_, at) = &run.phase.results[0];
+        let ids: Vec<i64> = gather(&bytes_of(&run, at), at, &bind)
+            .iter()
+            .map(|x| *x as i64)
+            .collect();
+        if temperature == 0.0 {
+            let best = sampling::argmax(&logits_row).unwrap() as i64;
+            assert!(ids.iter().all(|&i| i == best), "{name}: a greedy draw was not the argmax");
+        } else {
+            let expected = sampling::nucleus_probabilities(&logits_row, temperature, 0.9);
+            let check = sampling::check_frequencies(&expected, &ids)
+                .unwrap_or_else(|e| panic!("GPU top-p draws: {e}"));
+            let line = format!("sample.top_p on the GPU, T=2, top-p 0.9, {n} draws: {check:?}\n");
+            print!("{line}");
+            std::fs::write(out_dir().join("sampling.txt"), line).unwrap();
+        }
+    }
+}
+
+/// Each kernel family at GLM-5's sizes (prefill of 4096 tokens; decode of 64 sequences), timed
+/// over 20 back-to-back runs, with its bytes moved against the copy bandwidth measured here.
+#[test]
+#[ignore = "gpu"]
+fn kernel_bandwidth_at_glm5_sizes() {
+    let dev = Device::open();
+    let module = model("glm5.ron");
+    let mut rng = Rng(12345);
+    let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut report = format!(
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s (device-to-device memcpy of 2 GiB)\n\
+         | phase | op | node | kernel | bytes moved | time (us) | GB/s | of roofline |\n|---|---|---|---|---|---|---|---|\n"
+    );
+    for f in &module.functions {
+        let b = match f.name.as_str() {
+            "prefill" => Bindings::from([("s".into(), 4096), ("t".into(), 4096)]),
+            _ => Bindings::from([("b".into(), 64), ("t".into(), 4096)]),
+        };
+        let limits = Limits {
+            max_prefill_tokens: 4096,
+            max_batch: 64,
+            max_context: 4096,
+        };
+        let lowered = lower_module(&module, dev.target, limits).unwrap();
+        let phase = lowered.phases.iter().find(|p| p.function == f.name).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for l in phase.launches() {
+            // the first layer of each kind is enough: later layers launch the same kernels
+            if !seen.insert((l.op.clone(), l.kernel.clone())) || l.op == "embed" {
+                continue;
+            }
+            let n = f.find(&l.node).unwrap();
+            let mini = cut(f, n);
+            let mut mm = Module::new("bench");
+            if let Op::CacheUpdate { state, .. } = &f.node(n).op {
+                mm.states.insert(state.clone(), module.states[state].clone());
+            }
+            mm.functions.push(mini.clone());
+            let ins = inputs(&mini, &b, &mut rng, 154_880, 4096);
+            let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
+            let moved: f64 = run
+                .phase
+                .launches()
+                .flat_map(|l| l.args.iter())
+                .filter_map(|a| match &a.value {
+                    glmc_codegen::schedule::ArgValue::Ptr(at) if !at.shape.is_empty() => {
+                        at.bytes().eval(&b).map(|x| x as f64)
+                    }
+                    _ => None,
+                })
+                .sum();
+            let secs = run.seconds_per_run.unwrap();
+            let gbs = moved / secs / 1e9;
+            writeln!(
+                report,
+                "| {} | {} | {} | {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |",
+                f.name,
+                l.op,
+                l.node,
+                l.kernel,
+                moved / 1e6,
+                secs * 1e6,
+                gbs,
+                100.0 * gbs / copy_gbs
+            )
+            .unwrap();
+        }
+    }
+    print!("{report}");
+    std::fs::write(out_dir().join("bandwidth.md"), report).unwrap();
+}
+
+fn measure_copy_bandwidth(dev: &Device) -> f64 {
+    let bytes = 2usize << 30;
+    let src = dev.gpu.alloc(bytes).unwrap();
+    let mut dst = dev.gpu.alloc(bytes).unwrap();
+    dev.gpu.stream.memcpy_dtod(&src, &mut dst).unwrap();
+    dev.gpu.synchronize().unwrap();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = dev.gpu.stream.record_event(flags).unwrap();
+    let reps = 10;
+    for _ in 0..reps {
+        dev.gpu.stream.memcpy_dtod(&src, &mut dst).unwrap();
+    }
+    let end = dev.gpu.stream.record_event(flags).unwrap();
+    end.synchronize().unwrap();
+    let secs = start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / reps as f64;
+    2.0 * bytes as f64 / secs / 1e9
+}

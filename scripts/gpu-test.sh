@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU tests, in two halves around one device call.
+#
+#   scripts/gpu-test.sh build   # here: builds the GPU test binaries (release, no debug info)
+#                               # into .gpu/ (git-ignored), small enough to carry (< 64 MiB)
+#   scripts/gpu-test.sh run     # on the GPU machine, from the repository root: runs them all
+#
+# The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in $OUT
+# (harness.txt, sampling.txt, bandwidth.md, log.txt) and are recorded in tests/gpu/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+build)
+    mkdir -p .gpu
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+    cargo test --release --locked -p glmc-runtime --test gpu_kernels --no-run --message-format=json |
+        python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_kernels":
+        print(m["executable"])' |
+        while read -r exe; do cp "$exe" .gpu/gpu_kernels; done
+    ls -la .gpu
+    ;;
+run)
+    export GLMC_REPO="$PWD" GLMC_GPU_OUT="${OUT:-/tmp}" GLMC_CACHE_DIR="${GLMC_CACHE_DIR:-/tmp/glmc-cache}"
+    command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    nvcc --version | tail -1
+    .gpu/gpu_kernels --ignored --test-threads=1 --nocapture 2>&1 | tee "$GLMC_GPU_OUT/log.txt"
+    ;;
+*)
+    echo "usage: $0 build|run" >&2
+    exit 2
+    ;;
+esac
