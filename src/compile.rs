@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use glmc_codegen::Target;
 use glmc_ir::{print_function, print_module, print_module_summary, verify_module, Module};
-use glmc_models::{AttentionMode, ModelConfig};
+use glmc_models::{AttentionMode, ImportNote, ModelConfig};
 use glmc_passes::{pipeline, AttentionChoice, PassRecord, PipelineOptions};
 use regex::Regex;
 
@@ -17,13 +17,15 @@ use crate::model_source::load_config;
 /// A model after the pipeline.
 pub struct Built {
     pub config: ModelConfig,
+    /// What the config.json import took from transformers' defaults.
+    pub notes: Vec<ImportNote>,
     pub module: Module,
     pub records: Vec<PassRecord>,
     pub attention: AttentionChoice,
 }
 
 /// The attention the user asked for: the command line wins over the config.
-fn attention_choice(config: &ModelConfig, arg: Option<AttentionArg>) -> AttentionChoice {
+pub fn attention_choice(config: &ModelConfig, arg: Option<AttentionArg>) -> AttentionChoice {
     match arg {
         Some(AttentionArg::Auto) => AttentionChoice::Auto,
         Some(AttentionArg::Dense) => AttentionChoice::Dense,
@@ -43,7 +45,8 @@ pub fn build(
     args: &PipelineArgs,
     dump_after: Option<Regex>,
 ) -> anyhow::Result<Built> {
-    let config = load_config(model)?;
+    let imported = load_config(model)?;
+    let config = imported.config;
     let mut module = glmc_models::builder::build(&config).with_context(|| {
         format!(
             "building the graph of {} (a glmc bug: the config validated)",
@@ -64,6 +67,7 @@ pub fn build(
     let records = pm.run(&mut module)?;
     Ok(Built {
         config,
+        notes: imported.notes,
         module,
         records,
         attention,
@@ -73,6 +77,9 @@ pub fn build(
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let target: Target = args.target.parse()?;
     let built = build(&args.model, &args.pipeline, None)?;
+    if args.model.is_dir() {
+        crate::checkpoint::check_if_present(&built, &args.model)?;
+    }
     let module = &built.module;
     let out = args
         .output
@@ -82,7 +89,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let mut files: Vec<(PathBuf, String)> = vec![
         (
             "manifest.ron".into(),
-            manifest(module, target, &built.records),
+            manifest(module, target, &built.records, &built.notes),
         ),
         ("explain.txt".into(), explanation.clone()),
         ("ir/module.txt".into(), print_module(module)),
@@ -123,7 +130,12 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn manifest(module: &Module, target: Target, records: &[PassRecord]) -> String {
+fn manifest(
+    module: &Module,
+    target: Target,
+    records: &[PassRecord],
+    notes: &[ImportNote],
+) -> String {
     let quoted = |names: Vec<&str>| {
         names
             .iter()
@@ -132,12 +144,17 @@ fn manifest(module: &Module, target: Target, records: &[PassRecord]) -> String {
             .join(", ")
     };
     format!(
-        "(\n    model: {:?},\n    target: {:?},\n    functions: [{}],\n    passes: [{}],\n    states: {},\n)\n",
+        "(\n    model: {:?},\n    target: {:?},\n    functions: [{}],\n    passes: [{}],\n    states: {},\n    notes: [{}],\n)\n",
         module.name,
         target.name(),
         quoted(module.functions.iter().map(|f| f.name.as_str()).collect()),
         quoted(records.iter().map(|r| r.name).collect()),
-        module.states.len()
+        module.states.len(),
+        notes
+            .iter()
+            .map(|n| format!("{:?}", n.to_string()))
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 

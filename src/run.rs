@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use glmc_ir::Op;
 use glmc_passes::AttentionChoice;
 use glmc_runtime::trace::TraceWriter;
 use glmc_runtime::{generate, Checkpoint, Generator, Sampler, Sampling};
@@ -17,18 +16,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let built = build(&args.model, &args.pipeline, None)?;
     let dir = weights_dir(args)?;
     let checkpoint = Checkpoint::open(&dir)?;
-    let recipes = built
-        .module
-        .functions
-        .iter()
-        .flat_map(|f| f.graph.node_weights())
-        .filter_map(|n| match &n.op {
-            Op::Weight { recipe } => Some(recipe),
-            _ => None,
-        });
     // Every tensor is checked before any compute, so a bad checkpoint fails in a second, not
     // after a long prefill.
-    checkpoint.check_all(recipes)?;
+    crate::checkpoint::check(&built, &checkpoint)?;
 
     let tokenizer = match &args.prompt {
         Some(_) => Some(load_tokenizer(&dir)?),
