@@ -35,7 +35,8 @@ impl TensorGroup {
 
 impl fmt::Display for TensorGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} tensors, {}", self.count, human_bytes(self.bytes))
+        let noun = if self.count == 1 { "tensor" } else { "tensors" };
+        write!(f, "{} {noun}, {}", self.count, human_bytes(self.bytes))
     }
 }
 
