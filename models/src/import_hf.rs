@@ -176,8 +176,13 @@ pub fn import_hf_str(text: &str, path: &Path, name: &str) -> Result<Imported, Co
     let notes = r.notes;
     config.validate().map_err(|mut e| {
         e.field = json_key(&e.field);
-        if !notes.is_empty() {
-            let taken: Vec<String> = notes.iter().map(ToString::to_string).collect();
+        // A default the value clashes with is named, so the user sees where it came from.
+        let taken: Vec<String> = notes
+            .iter()
+            .filter(|n| e.field == n.key() || e.message.contains(n.key()))
+            .map(ToString::to_string)
+            .collect();
+        if !taken.is_empty() {
             e.message = format!("{} (note: {})", e.message, taken.join("; "));
         }
         e.in_file(path)
