@@ -66,7 +66,7 @@ fn render(built: &Built, report: &CheckReport) -> String {
         writeln!(out, "  error: {p}").unwrap();
     }
     if let Some(w) = report.unused_warning() {
-        writeln!(out, "  warning: {w}").unwrap();
+        writeln!(out, "  warning: {}", w.replace('\n', "\n  ")).unwrap();
     }
     if let Some(n) = report.mtp_note() {
         writeln!(out, "  note: {n}").unwrap();
