@@ -259,8 +259,10 @@ fn check_unsupported(r: &mut Reader) -> Result<(), ConfigError> {
             format!("is {freq}; only 1 (every layer after the dense prefix is MoE) is supported"),
         ));
     }
-    let act = json.opt_str("hidden_act")?.map(|_| "\"silu\"");
-    r.or_default("hidden_act", act, "\"silu\"");
+    // Present values were checked above; only an absent key still needs its note.
+    if r.json.get("hidden_act").is_none() {
+        r.notes.push(ImportNote::defaulted("hidden_act", "\"silu\""));
+    }
     r.bool_or("attention_bias", false)?;
     r.bool_or("mlp_bias", false)?;
     Ok(())
