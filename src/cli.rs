@@ -27,6 +27,9 @@ pub enum Command {
     Run(RunArgs),
     /// Compare two `run --trace` files and print the first node where they part.
     CompareTrace(CompareTraceArgs),
+    /// Check an HF checkpoint against its config.json before serving it: the config as glmc reads
+    /// it, the tensors, the attention path, and every inconsistency (exit 2 when it cannot run).
+    Inspect(InspectArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -205,4 +208,13 @@ pub struct ImportHfArgs {
     /// Where to write the model.ron.
     #[arg(short, long)]
     pub output: PathBuf,
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// An HF checkpoint directory (config.json + model.safetensors or its sharded index).
+    pub checkpoint: PathBuf,
+    /// Check against the graph of this attention choice instead of the config's.
+    #[arg(long, value_enum)]
+    pub attention: Option<AttentionArg>,
 }

@@ -8,7 +8,7 @@ use glmc_codegen::artifact::Manifest;
 use glmc_codegen::{lower_module, nvcc, render, Limits, Lowered, Target};
 use glmc_ir::{print_function, print_module, print_module_summary, verify_module, Module};
 use glmc_models::builder::BuildOptions;
-use glmc_models::{AttentionMode, ModelConfig};
+use glmc_models::{AttentionMode, ImportNote, ModelConfig};
 use glmc_passes::{pipeline, AttentionChoice, PassRecord, PipelineOptions};
 use regex::Regex;
 
@@ -19,13 +19,15 @@ use crate::model_source::load_config;
 /// A model after the pipeline.
 pub struct Built {
     pub config: ModelConfig,
+    /// What the config.json import took from transformers' defaults.
+    pub notes: Vec<ImportNote>,
     pub module: Module,
     pub records: Vec<PassRecord>,
     pub attention: AttentionChoice,
 }
 
 /// The attention the user asked for: the command line wins over the config.
-fn attention_choice(config: &ModelConfig, arg: Option<AttentionArg>) -> AttentionChoice {
+pub fn attention_choice(config: &ModelConfig, arg: Option<AttentionArg>) -> AttentionChoice {
     match arg {
         Some(AttentionArg::Auto) => AttentionChoice::Auto,
         Some(AttentionArg::Dense) => AttentionChoice::Dense,
@@ -46,7 +48,8 @@ pub fn build(
     args: &PipelineArgs,
     dump_after: Option<Regex>,
 ) -> anyhow::Result<Built> {
-    let config = load_config(model)?;
+    let imported = load_config(model)?;
+    let config = imported.config;
     let mut module = glmc_models::builder::build(&config, options).with_context(|| {
         format!(
             "building the graph of {} (a glmc bug: the config validated)",
@@ -67,6 +70,7 @@ pub fn build(
     let records = pm.run(&mut module)?;
     Ok(Built {
         config,
+        notes: imported.notes,
         module,
         records,
         attention,
@@ -100,6 +104,9 @@ pub fn lower(built: &Built, target: Target, args: &LimitsArgs) -> anyhow::Result
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let target: Target = args.target.parse()?;
     let built = build(&args.model, &BuildOptions::default(), &args.pipeline, None)?;
+    if args.model.is_dir() {
+        crate::checkpoint::check_if_present(&built, &args.model)?;
+    }
     let lowered = lower(&built, target, &args.limits)?;
     let module = &built.module;
     let out = args
@@ -114,6 +121,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         built.records.iter().map(|r| r.name.to_string()).collect(),
         &built.config,
     );
+    manifest.notes = built.notes.iter().map(ToString::to_string).collect();
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     match nvcc::find(args.nvcc.as_deref())? {

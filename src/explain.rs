@@ -23,6 +23,9 @@ pub fn explain(built: &Built) -> String {
         (AttentionChoice::Dense, None) => "attention=dense and the model has no indexer".to_string(),
     };
     writeln!(out, "{}: {reason}", built.module.name).unwrap();
+    for note in &built.notes {
+        writeln!(out, "config.json: {note}").unwrap();
+    }
     let absorb_ran = built.records.iter().any(|r| r.name == "absorb-mla");
     for f in &built.module.functions {
         for (first, last, what) in runs(&built.module, f, absorb_ran) {

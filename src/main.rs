@@ -3,11 +3,13 @@
 //! Exit codes: 0 on success, 2 on any failure (bad input, a missing file, an unknown target);
 //! errors go to stderr, one paragraph each, naming the file or field and the fix.
 
+mod checkpoint;
 mod cli;
 mod compare_trace;
 mod compile;
 mod dump;
 mod explain;
+mod inspect;
 mod model_source;
 mod report;
 mod run;
@@ -51,6 +53,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ImportHf(args) => model_source::import_hf(&args),
         Command::Run(args) => run::run(&args),
         Command::CompareTrace(args) => compare_trace::run(&args),
+        Command::Inspect(args) => inspect::run(&args),
     }
 }
 

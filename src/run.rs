@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use glmc_ir::Op;
 use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_passes::AttentionChoice;
 use glmc_runtime::trace::TraceWriter;
@@ -24,18 +23,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let built = build(&args.model, &BuildOptions { logits }, &args.pipeline, None)?;
     let dir = weights_dir(args)?;
     let checkpoint = Checkpoint::open(&dir)?;
-    let recipes = built
-        .module
-        .functions
-        .iter()
-        .flat_map(|f| f.graph.node_weights())
-        .filter_map(|n| match &n.op {
-            Op::Weight { recipe } => Some(recipe),
-            _ => None,
-        });
     // Every tensor is checked before any compute, so a bad checkpoint fails in a second, not
     // after a long prefill.
-    checkpoint.check_all(recipes)?;
+    crate::checkpoint::check(&built, &checkpoint)?;
 
     let tokenizer = match &args.prompt {
         Some(_) => Some(load_tokenizer(&dir)?),

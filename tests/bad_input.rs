@@ -264,16 +264,33 @@ fn cases() -> Vec<Case> {
             &["config.json:"],
         ),
         case(
-            "import-hf of config.json missing a key",
+            "import-hf of config.json missing the RoPE theta",
             vec![(
                 "config.json",
                 glm5_json(|j| {
-                    j.remove("hidden_size");
+                    j.remove("rope_parameters");
                 }),
             )],
             &["import-hf", "config.json"],
             File,
-            &["config.json", "`hidden_size`"],
+            &["config.json", "`rope_parameters`", "1000000", "8000000"],
+        ),
+        case(
+            "import-hf of rope_interleave false",
+            vec![(
+                "config.json",
+                glm5_json(|j| {
+                    j.insert("rope_interleave".into(), false.into());
+                }),
+            )],
+            &["import-hf", "config.json"],
+            File,
+            &[
+                "`rope_interleave`",
+                "transformers 5.17",
+                "vLLM",
+                "half-split",
+            ],
         ),
         case(
             "import-hf of an impossible config.json",

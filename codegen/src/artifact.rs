@@ -70,6 +70,8 @@ pub struct Manifest<C> {
     /// The compiler that made it (`nvcc --version`'s last line).
     pub compiler: Option<String>,
     pub passes: Vec<String>,
+    /// What the config import took on transformers' word (defaults, overrides), one line each.
+    pub notes: Vec<String>,
     pub limits: Limits,
     pub config: C,
     pub weights: Vec<WeightEntry>,
@@ -130,6 +132,7 @@ impl<C: Serialize> Manifest<C> {
             cubin: None,
             compiler: None,
             passes,
+            notes: Vec::new(),
             limits: lowered.limits,
             config,
             weights: weights(module),

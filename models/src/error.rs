@@ -32,13 +32,13 @@ pub enum ConfigError {
         field: String,
         message: String,
     },
-    /// A `config.json` lacks a key glmc cannot guess.
-    #[error(
-        "{}: required key `{key}` is missing; transformers' GlmMoeDsaConfig always writes it, so add \
-         it with the checkpoint's value",
-        path.display()
-    )]
-    MissingKey { path: PathBuf, key: String },
+    /// A `config.json` lacks a key glmc takes no default for; `why` says why and what to add.
+    #[error("{}: required key `{key}` is missing: {why}", path.display())]
+    MissingKey {
+        path: PathBuf,
+        key: String,
+        why: String,
+    },
     /// A `config.json` of another architecture.
     #[error(
         "{}: model_type {found:?} is not supported; glmc compiles only `glm_moe_dsa` (GLM-5, GLM-5.1, \

@@ -56,10 +56,12 @@ impl<'a> HfJson<'a> {
         }
     }
 
-    pub(crate) fn missing(&self, key: &str) -> ConfigError {
+    /// A refused absent key; `why` says why glmc takes no default and what to add.
+    pub(crate) fn missing(&self, key: &str, why: &str) -> ConfigError {
         ConfigError::MissingKey {
             path: self.path.to_path_buf(),
             key: key.to_string(),
+            why: why.to_string(),
         }
     }
 
@@ -121,22 +123,6 @@ impl<'a> HfJson<'a> {
                 .collect(),
             _ => None,
         })
-    }
-
-    pub(crate) fn req_u64(&self, key: &str) -> Result<u64, ConfigError> {
-        self.opt_u64(key)?.ok_or_else(|| self.missing(key))
-    }
-
-    pub(crate) fn req_usize(&self, key: &str) -> Result<usize, ConfigError> {
-        self.opt_usize(key)?.ok_or_else(|| self.missing(key))
-    }
-
-    pub(crate) fn req_f64(&self, key: &str) -> Result<f64, ConfigError> {
-        self.opt_f64(key)?.ok_or_else(|| self.missing(key))
-    }
-
-    pub(crate) fn req_bool(&self, key: &str) -> Result<bool, ConfigError> {
-        self.opt_bool(key)?.ok_or_else(|| self.missing(key))
     }
 }
 

@@ -4,15 +4,19 @@
 use crate::config::IndexerLayerType;
 use crate::error::ConfigError;
 use crate::hf_json::HfJson;
+use crate::import_hf::Reader;
+use crate::import_note::ImportNote;
 
 /// Indexer layer types as transformers' `GlmMoeDsaConfig.__post_init__` derives them:
 /// `indexer_types`, else `index_topk_pattern` ("F"/"S" per layer), else layer i is full iff
 /// `max(i - index_skip_topk_offset + 1, 0) % index_topk_freq == 0` (defaults 1 and 2: all full).
-/// All-full comes back empty, the canonical `model.ron` spelling.
+/// All-full comes back empty, the canonical `model.ron` spelling. With none of the four keys the
+/// all-full default is noted, since it decides which layers need indexer weights.
 pub(crate) fn indexer_layer_types(
-    json: &HfJson,
+    r: &mut Reader,
     layers: usize,
 ) -> Result<Vec<IndexerLayerType>, ConfigError> {
+    let json = &r.json;
     let types = if let Some(names) = json.opt_str_list("indexer_types", false)? {
         parse_list(
             json,
@@ -41,7 +45,7 @@ pub(crate) fn indexer_layer_types(
             },
         )?
     } else {
-        periodic(json, layers)?
+        periodic(r, layers)?
     };
     if types.iter().all(|&t| t == IndexerLayerType::Full) {
         return Ok(Vec::new());
@@ -49,11 +53,25 @@ pub(crate) fn indexer_layer_types(
     Ok(types)
 }
 
-fn periodic(json: &HfJson, layers: usize) -> Result<Vec<IndexerLayerType>, ConfigError> {
-    let freq = json.opt_usize("index_topk_freq")?.unwrap_or(1);
-    let offset = json.opt_usize("index_skip_topk_offset")?.unwrap_or(2);
+fn periodic(r: &mut Reader, layers: usize) -> Result<Vec<IndexerLayerType>, ConfigError> {
+    let freq = r.json.opt_usize("index_topk_freq")?;
+    let offset = r.json.opt_usize("index_skip_topk_offset")?;
+    if freq.is_none() && offset.is_none() {
+        r.notes.push(ImportNote::defaulted(
+            "indexer_types",
+            "(every layer \"full\", from index_topk_freq 1 and index_skip_topk_offset 2)",
+        ));
+    }
+    let freq = match offset {
+        Some(_) => r.or_default("index_topk_freq", freq, 1),
+        None => freq.unwrap_or(1),
+    };
+    let offset = match freq {
+        1 => offset.unwrap_or(2),
+        _ => r.or_default("index_skip_topk_offset", offset, 2),
+    };
     if freq == 0 {
-        return Err(json.invalid(
+        return Err(r.json.invalid(
             "index_topk_freq",
             "is 0; it must be at least 1 (1: every layer runs its own indexer)",
         ));
@@ -70,12 +88,14 @@ fn periodic(json: &HfJson, layers: usize) -> Result<Vec<IndexerLayerType>, Confi
 }
 
 /// Number of leading dense-MLP layers from `mlp_layer_types` ("dense"... then "sparse"...),
-/// checked against `first_k_dense_replace` when both are present.
-pub(crate) fn dense_prefix(json: &HfJson, layers: usize) -> Result<usize, ConfigError> {
-    let declared = json.opt_usize("first_k_dense_replace")?;
-    let Some(names) = json.opt_str_list("mlp_layer_types", false)? else {
-        return declared.ok_or_else(|| json.missing("first_k_dense_replace"));
+/// checked against `first_k_dense_replace` when both are present; transformers' default 3 when
+/// neither is.
+pub(crate) fn dense_prefix(r: &mut Reader, layers: usize) -> Result<usize, ConfigError> {
+    let declared = r.json.opt_usize("first_k_dense_replace")?;
+    let Some(names) = r.json.opt_str_list("mlp_layer_types", false)? else {
+        return Ok(r.or_default("first_k_dense_replace", declared, 3));
     };
+    let json = &r.json;
     let dense = parse_list(
         json,
         "mlp_layer_types",

@@ -7,6 +7,7 @@ pub mod error;
 mod hf_json;
 mod hf_layers;
 pub mod import_hf;
+mod import_note;
 pub mod shipped;
 mod validate;
 
@@ -14,6 +15,7 @@ pub use config::{
     AttentionMode, IndexerConfig, IndexerLayerType, ModelConfig, MoeConfig, ScoringFunc, TopkMethod,
 };
 pub use error::{ConfigError, InvalidConfig};
-pub use import_hf::{import_hf, import_hf_str, HF_MODEL_TYPE};
+pub use import_hf::{import_hf, import_hf_str, Imported, HF_MODEL_TYPE};
+pub use import_note::ImportNote;
 pub use shipped::{shipped_config_path, SHIPPED_CONFIGS};
 pub use validate::{MAX_DIM, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB};

@@ -106,7 +106,8 @@ fn check_ron(text: &str) {
 }
 
 fn check_json(text: &str) {
-    if let Ok(config) = import_hf_str(text, Path::new("fuzz/config.json"), "fuzz") {
+    if let Ok(imported) = import_hf_str(text, Path::new("fuzz/config.json"), "fuzz") {
+        let config = imported.config;
         let again = ModelConfig::from_ron_str(&config.to_ron_string(), Path::new("fuzz.ron"));
         assert_eq!(
             again.unwrap(),

@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use glmc_ir::DType;
-use glmc_models::{import_hf, import_hf_str, ConfigError, IndexerLayerType, ModelConfig};
+use glmc_models::{import_hf, import_hf_str, ConfigError, Imported, IndexerLayerType, ModelConfig};
 use serde_json::{json, Value};
 
 fn glm5_json() -> Value {
@@ -19,7 +19,17 @@ fn glm5_json() -> Value {
 }
 
 fn import_value(v: &Value) -> Result<ModelConfig, ConfigError> {
+    import_noted(v).map(|i| i.config)
+}
+
+fn import_noted(v: &Value) -> Result<Imported, ConfigError> {
     import_hf_str(&v.to_string(), Path::new("ckpt/config.json"), "ckpt")
+}
+
+/// The notes of importing `v`, as the CLI prints them.
+fn notes_of(v: &Value) -> Vec<String> {
+    let imported = import_noted(v).unwrap_or_else(|e| panic!("{e}"));
+    imported.notes.iter().map(ToString::to_string).collect()
 }
 
 /// GLM-5's config.json with `edit` applied to its object.
@@ -37,7 +47,7 @@ fn full_layers(c: &ModelConfig) -> Vec<usize> {
 
 #[test]
 fn glm5_config_json_imports_to_glm5_ron() {
-    let imported = import_hf(&common::data("glm5-config.json")).unwrap();
+    let imported = import_hf(&common::data("glm5-config.json")).unwrap().config;
     assert_eq!(imported.name, "data", "named after the directory");
     let ron = common::shipped("glm5.ron");
     assert_eq!(
@@ -55,7 +65,7 @@ fn a_checkpoint_directory_imports_its_config_json_and_names_the_module() {
     let ckpt = dir.path().join("GLM-5.1");
     std::fs::create_dir(&ckpt).unwrap();
     std::fs::copy(common::data("glm5-config.json"), ckpt.join("config.json")).unwrap();
-    let imported = import_hf(&ckpt).unwrap();
+    let imported = import_hf(&ckpt).unwrap().config;
     assert_eq!(imported.name, "GLM-5.1");
     let err = import_hf(dir.path()).unwrap_err();
     assert!(matches!(err, ConfigError::Io { ref path, .. } if path.ends_with("config.json")));
@@ -84,7 +94,9 @@ fn glm5_2_freq_and_offset_give_21_full_layers() {
 
 #[test]
 fn transformers_written_freq_config_agrees_with_the_rule() {
-    let c = import_hf(&common::data("tf517-glm5-freq4-offset3.json")).unwrap();
+    let c = import_hf(&common::data("tf517-glm5-freq4-offset3.json"))
+        .unwrap()
+        .config;
     let expected: Vec<usize> = [0, 1, 2].into_iter().chain((6..78).step_by(4)).collect();
     assert_eq!(full_layers(&c), expected);
     // The same file with transformers' expanded list removed: the rule alone must agree.
@@ -96,7 +108,9 @@ fn transformers_written_freq_config_agrees_with_the_rule() {
 
 #[test]
 fn transformers_written_tiny_config_imports() {
-    let c = import_hf(&common::data("tf517-tiny-shared.json")).unwrap();
+    let c = import_hf(&common::data("tf517-tiny-shared.json"))
+        .unwrap()
+        .config;
     use IndexerLayerType::{Full, Shared};
     assert_eq!(
         c.indexer.as_ref().unwrap().layer_types,
@@ -138,14 +152,195 @@ fn index_topk_pattern_and_indexer_types_agree() {
     assert_eq!(full_layers(&a), (0..78).step_by(3).collect::<Vec<_>>());
 }
 
+/// Replaces the old `no_index_topk_means_no_indexer`: a GLM-5 config that lost `index_topk` (the
+/// deployment bug glmc exists for) must not turn dense without a word. transformers gives every
+/// glm_moe_dsa model an indexer, so glmc takes its default and says so.
 #[test]
-fn no_index_topk_means_no_indexer() {
-    let c = import_value(&glm5_with(|m| {
+fn absent_index_topk_takes_transformers_default_and_says_so() {
+    let v = glm5_with(|m| {
         m.remove("index_topk");
+    });
+    let c = import_value(&v).unwrap();
+    assert_eq!(c.indexer.as_ref().map(|ix| ix.index_topk), Some(2048));
+    assert!(c.uses_sparse_attention());
+    assert!(
+        notes_of(&v).contains(&"index_topk absent: transformers' default 2048 used".to_string()),
+        "{:?}",
+        notes_of(&v)
+    );
+}
+
+#[test]
+fn absent_indexer_sizes_take_transformers_defaults_and_say_so() {
+    let v = glm5_with(|m| {
+        m.remove("index_n_heads");
+        m.remove("index_head_dim");
+    });
+    let ix = import_value(&v).unwrap().indexer.unwrap();
+    assert_eq!((ix.index_n_heads, ix.index_head_dim), (32, 128));
+    let notes = notes_of(&v);
+    for key in [
+        "index_n_heads absent: transformers' default 32",
+        "index_head_dim absent: transformers' default 128",
+    ] {
+        assert!(notes.iter().any(|n| n.starts_with(key)), "{key}: {notes:?}");
+    }
+}
+
+/// Every key transformers 5.17 defaults, removed from GLM-5's config: the same model, with one
+/// note per key naming it and the value taken.
+#[test]
+fn every_transformers_default_is_taken_and_noted() {
+    let defaulted = [
+        ("vocab_size", "154880"),
+        ("hidden_size", "6144"),
+        ("intermediate_size", "12288"),
+        ("moe_intermediate_size", "2048"),
+        ("num_hidden_layers", "78"),
+        ("num_attention_heads", "64"),
+        ("n_shared_experts", "1"),
+        ("n_routed_experts", "256"),
+        ("routed_scaling_factor", "2.5"),
+        ("kv_lora_rank", "512"),
+        ("q_lora_rank", "2048"),
+        ("qk_rope_head_dim", "64"),
+        ("v_head_dim", "256"),
+        ("qk_nope_head_dim", "192"),
+        ("n_group", "1"),
+        ("topk_group", "1"),
+        ("num_experts_per_tok", "8"),
+        ("norm_topk_prob", "true"),
+        ("hidden_act", "\"silu\""),
+        ("max_position_embeddings", "202752"),
+        ("rms_norm_eps", "0.00001"),
+        ("tie_word_embeddings", "false"),
+        ("attention_bias", "false"),
+        ("index_topk", "2048"),
+        ("index_head_dim", "128"),
+        ("index_n_heads", "32"),
+        ("first_k_dense_replace", "3"),
+    ];
+    let glm5 = import_value(&glm5_json()).unwrap();
+    let v = glm5_with(|m| {
+        for (key, _) in defaulted {
+            m.remove(key);
+        }
+        m.remove("mlp_layer_types");
+        m.remove("head_dim");
+        m.remove("qk_head_dim");
+    });
+    let imported = import_noted(&v).unwrap();
+    assert_eq!(
+        imported.config, glm5,
+        "transformers' defaults are GLM-5's values"
+    );
+    let notes: Vec<String> = imported.notes.iter().map(ToString::to_string).collect();
+    for (key, value) in defaulted {
+        let want = format!("{key} absent: transformers' default {value} used");
+        assert!(notes.contains(&want), "{want}: {notes:?}");
+        assert_eq!(
+            imported.notes.iter().filter(|n| n.key() == key).count(),
+            1,
+            "{key}"
+        );
+    }
+}
+
+#[test]
+fn published_glm5_config_notes_only_the_absent_schedule_and_mlp_bias() {
+    assert_eq!(
+        notes_of(&glm5_json()),
+        [
+            "mlp_bias absent: transformers' default false used",
+            "indexer_types absent: transformers' default (every layer \"full\", from index_topk_freq 1 and index_skip_topk_offset 2) used",
+        ]
+    );
+}
+
+/// Configs laid out as the published GLM-5 family ships them (`tests/data/published`, from
+/// GLM5-SPEC §1.1: GLM-5.2/5.3 with `head_dim` 192, their shared-indexer schedule,
+/// `moe_router_dtype` and `index_share_for_mtp_iteration`; GLM-5-FP8 with its
+/// `quantization_config`) all import as transformers 5.17 reads them.
+#[test]
+fn published_layout_corpus_imports() {
+    let glm5 = import_value(&glm5_json()).unwrap();
+    let dir = common::data("published");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Imported { config, notes } = import_hf(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let notes: Vec<String> = notes.iter().map(ToString::to_string).collect();
+        seen += 1;
+        if file.starts_with("glm-5.2") || file.starts_with("glm-5.3") {
+            assert_eq!(
+                notes,
+                ["head_dim is 192: transformers 5.17 overrides it with qk_rope_head_dim (64), used"],
+                "{file}"
+            );
+            assert_eq!(config.qk_rope_head_dim, 64, "{file}");
+            assert_eq!(config.rope_theta, 8e6, "{file}");
+            assert_eq!(config.max_position_embeddings, 1 << 20, "{file}");
+            let expected: Vec<usize> = [0, 1, 2].into_iter().chain((6..78).step_by(4)).collect();
+            assert_eq!(full_layers(&config), expected, "{file}");
+        } else {
+            assert_eq!(config.indexer, glm5.indexer, "{file}");
+            assert_eq!(config.dtype, DType::BF16, "{file}");
+        }
+    }
+    assert_eq!(seen, 3, "{}", dir.display());
+}
+
+#[test]
+fn absent_rope_theta_is_refused_naming_the_key() {
+    let err = import_value(&glm5_with(|m| {
+        m.remove("rope_parameters");
     }))
-    .unwrap();
-    assert_eq!(c.indexer, None);
-    assert!(!c.uses_sparse_attention());
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, ConfigError::MissingKey { key, .. } if key == "rope_parameters"),
+        "{err:?}"
+    );
+    assert!(
+        text.contains("1000000") && text.contains("8000000"),
+        "{text}"
+    );
+}
+
+#[test]
+fn rope_interleave_false_is_refused_naming_both_readings() {
+    for key in ["rope_interleave", "indexer_rope_interleave"] {
+        let err = import_value(&glm5_with(|m| {
+            m.insert(key.into(), json!(false));
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(&format!("invalid `{key}`")), "{err}");
+        assert!(
+            err.contains("transformers 5.17") && err.contains("interleaved"),
+            "{err}"
+        );
+        assert!(err.contains("vLLM") && err.contains("half-split"), "{err}");
+    }
+}
+
+/// A default that does not fit the rest of the config fails validation, and the message says
+/// which defaults were taken, so the user sees where the impossible value came from.
+#[test]
+fn a_validation_error_names_the_defaults_taken() {
+    let err = import_value(&glm5_with(|m| {
+        m.insert("qk_rope_head_dim".into(), json!(128));
+        m.remove("qk_head_dim");
+        m.remove("index_head_dim");
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("invalid `index_head_dim`"), "{err}");
+    assert!(
+        err.contains("index_head_dim absent: transformers' default 128 used"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -222,26 +417,6 @@ fn rope_scaling_and_yarn_are_rejected() {
 }
 
 #[test]
-fn missing_required_key_is_named() {
-    for key in [
-        "hidden_size",
-        "num_hidden_layers",
-        "kv_lora_rank",
-        "n_routed_experts",
-        "rms_norm_eps",
-    ] {
-        let err = import_value(&glm5_with(|m| {
-            m.remove(key);
-        }))
-        .unwrap_err();
-        assert!(
-            matches!(&err, ConfigError::MissingKey { key: k, .. } if k == key),
-            "{key}: {err:?}"
-        );
-    }
-}
-
-#[test]
 fn bad_input_messages() {
     let cases: Vec<(&str, String)> = vec![
         ("malformed", "{\"model_type\": \"glm_moe_dsa\",, }".into()),
@@ -261,13 +436,6 @@ fn bad_input_messages() {
             "no model type",
             glm5_with(|m| {
                 m.remove("model_type");
-            })
-            .to_string(),
-        ),
-        (
-            "missing key",
-            glm5_with(|m| {
-                m.remove("q_lora_rank");
             })
             .to_string(),
         ),
@@ -327,9 +495,16 @@ fn bad_input_messages() {
             .to_string(),
         ),
         (
-            "head_dim mismatch",
+            "rope_interleave false",
             glm5_with(|m| {
-                m.insert("head_dim".into(), json!(128));
+                m.insert("rope_interleave".into(), json!(false));
+            })
+            .to_string(),
+        ),
+        (
+            "indexer_rope_interleave false",
+            glm5_with(|m| {
+                m.insert("indexer_rope_interleave".into(), json!(false));
             })
             .to_string(),
         ),
@@ -365,14 +540,6 @@ fn bad_input_messages() {
             "unknown mlp type",
             glm5_with(|m| {
                 m["mlp_layer_types"][7] = json!("moe");
-            })
-            .to_string(),
-        ),
-        (
-            "no dense prefix at all",
-            glm5_with(|m| {
-                m.remove("mlp_layer_types");
-                m.remove("first_k_dense_replace");
             })
             .to_string(),
         ),
@@ -495,7 +662,14 @@ fn oracle_fixture_configs_import() {
     let mut imported = 0;
     for entry in std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())) {
         let dir = entry.unwrap().path();
-        let c = import_hf(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let result = import_hf(&dir).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            result.notes,
+            [],
+            "{}: transformers wrote every key",
+            dir.display()
+        );
+        let c = result.config;
         assert_eq!(c.name, dir.file_name().unwrap().to_string_lossy());
         imported += 1;
     }

@@ -441,7 +441,9 @@ fn oracle_tensor(dir: &Path, name: &str) -> (Vec<usize>, Vec<f64>) {
 #[test]
 fn translation_validation_on_the_sparse_oracle_fixture() {
     let dir = fixture("sparse");
-    let config = import_hf(&dir.join("config.json")).expect("the fixture's config imports");
+    let config = import_hf(&dir.join("config.json"))
+        .expect("the fixture's config imports")
+        .config;
     let (before, after) = before_and_after(&config);
     let ckpt = Checkpoint::open(&dir).expect("the fixture's weights open");
     let (_, tokens) = oracle_tensor(&dir, "tokens");

@@ -66,7 +66,7 @@ fn indexer_leftovers(module: &Module) -> Vec<String> {
 fn dense_attention_drops_the_indexer_entirely() {
     let mut configs = vec![shipped("tiny-sparse.ron")];
     for dir in oracle_fixtures() {
-        configs.push(glmc_models::import_hf(&dir).expect("fixture config"));
+        configs.push(glmc_models::import_hf(&dir).expect("fixture config").config);
     }
     for config in configs {
         let module = build(&config);
@@ -115,7 +115,7 @@ fn dense_attention_drops_the_indexer_entirely() {
 fn dense_attention_is_the_model_without_its_indexer() {
     let mut configs = vec![shipped("tiny-sparse.ron"), shipped("glm5.ron")];
     for dir in oracle_fixtures() {
-        configs.push(glmc_models::import_hf(&dir).expect("fixture config"));
+        configs.push(glmc_models::import_hf(&dir).expect("fixture config").config);
     }
     for config in configs {
         let mut plain = config.clone();

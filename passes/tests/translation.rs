@@ -393,7 +393,9 @@ fn every_fixture_is_validated() {
 /// forward, whose top-k gaps the fixture generator checked (>= 1e-3).
 fn fixture_case(case: &str) -> Case {
     let dir = repo_root().join("tests/oracle/fixtures").join(case);
-    let config = glmc_models::import_hf(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let config = glmc_models::import_hf(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .config;
     let module = build(&config);
     let weights = Weights::open(&dir);
     let tokens = fixture_tokens(&dir);

@@ -1,5 +1,11 @@
+pub mod against_config;
 pub mod tensor;
+mod tensor_roles;
 pub mod weights;
+pub use against_config::{
+    check_against_config, graph_tensors, human_bytes, CheckReport, CheckpointMismatch, Problem,
+    TensorGroup,
+};
 pub use tensor::{Data, Tensor, TensorError};
 pub use weights::{Checkpoint, StoredTensor, WeightError};
 pub mod interp;

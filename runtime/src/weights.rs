@@ -191,6 +191,8 @@ pub struct StoredTensor<'a> {
     pub dtype: Dtype,
     pub shape: &'a [usize],
     pub file: &'a Path,
+    /// Bytes of its data in the file.
+    pub bytes: usize,
 }
 
 /// The part of `model.safetensors.index.json` the loader needs.
@@ -248,6 +250,7 @@ impl Checkpoint {
             dtype: e.dtype,
             shape: &e.shape,
             file: &self.files[e.file].path,
+            bytes: e.bytes.len(),
         })
     }
 
@@ -352,6 +355,11 @@ impl Checkpoint {
         })
     }
 
+    /// Whether the loader can read a tensor stored as `dtype`.
+    pub fn can_load(dtype: Dtype) -> bool {
+        decode(dtype, &[]).is_some()
+    }
+
     /// The entry of `name` if it has exactly `expected` shape and a dtype [`decode`] reads.
     fn checked_entry(&self, name: &str, expected: &[u64]) -> Result<&Entry, WeightError> {
         let entry = self.entry(name)?;
@@ -451,7 +459,7 @@ impl Checkpoint {
 
     /// A tensor whose name suggests the caller meant it: `missing` with a leading prefix dropped
     /// or added (`language_model.` and the like), or differing in one dotted component.
-    fn similar(&self, missing: &str) -> Option<String> {
+    pub(crate) fn similar(&self, missing: &str) -> Option<String> {
         let near = self
             .near_names
             .get_or_init(|| near_names(self.entries.keys()));

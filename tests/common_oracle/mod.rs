@@ -461,7 +461,8 @@ pub fn ids_arg(ids: &[u64]) -> String {
 /// The builder's module for a fixture (its config.json imported as `glmc run DIR` does).
 pub fn build_module(dir: &Path) -> Module {
     let config = glmc_models::import_hf(dir)
-        .unwrap_or_else(|e| panic!("{}: importing config.json: {e}", dir.display()));
+        .unwrap_or_else(|e| panic!("{}: importing config.json: {e}", dir.display()))
+        .config;
     // The oracle compares every position.
     let options = BuildOptions {
         logits: LogitRows::All,
