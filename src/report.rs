@@ -235,7 +235,7 @@ fn costs(out: &mut String, module: &Module, target: Target) -> std::fmt::Result 
         let flops: f64 = ops.iter().map(|c| c.cost.flops).sum();
         writeln!(
             out,
-            "  {title}: predicted {:.3} ms ({:.2} GB moved, {:.2} TFLOP), {} kernels",
+            "  {title}: predicted {:.3} ms ({:.2} GB moved, {:.2} TFLOP), {} ops",
             total * 1e3,
             bytes / 1e9,
             flops / 1e12,

@@ -126,6 +126,13 @@ fn the_fixtures_import_compile_and_run_without_any_warning() {
         ] {
             let what = format!("glmc {}", args.join(" "));
             let (_, stderr) = succeeds(&glmc(tmp.path(), &args), &what);
+            // Until GEMMs have kernels every artifact says it is incomplete; that is no word
+            // about the config or the checkpoint.
+            let stderr: String = stderr
+                .lines()
+                .filter(|l| !l.starts_with("note: the artifact is incomplete"))
+                .map(|l| format!("{l}\n"))
+                .collect();
             assert!(
                 !stderr.contains("warning") && !stderr.contains("note:"),
                 "{what}:\n{stderr}"
@@ -192,9 +199,9 @@ fn absent_index_topk_is_noted_by_every_command_and_recorded_in_the_artifact() {
         }
     }
     let artifact_note = "index_topk absent: transformers' default 2048 used";
-    assert!(fs::read_to_string(dir.join("out/manifest.ron"))
-        .unwrap()
-        .contains(&format!("notes: [{artifact_note:?}],")));
+    let manifest: glmc_codegen::artifact::Manifest<glmc_models::ModelConfig> =
+        ron::from_str(&fs::read_to_string(dir.join("out/manifest.ron")).unwrap()).unwrap();
+    assert_eq!(manifest.notes, [artifact_note]);
     assert!(fs::read_to_string(dir.join("out/explain.txt"))
         .unwrap()
         .contains(&format!("config.json: {artifact_note}")));

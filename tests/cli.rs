@@ -4,7 +4,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{glmc, glmc_in, glmc_ok, read_repo, stdout_of, success, tree};
+use common::{glmc, glmc_in, glmc_ok, read_repo, stderr_of, stdout_of, success, tree};
+use glmc_codegen::artifact::Manifest;
+use glmc_models::ModelConfig;
 
 const IR_FILES: [&str; 4] = [
     "ir/module.txt",
@@ -48,16 +50,29 @@ fn compile_glm5_writes_the_artifact() {
             files.keys()
         );
     }
-    let manifest = std::fs::read_to_string(out.join("manifest.ron")).unwrap();
-    for needle in [
-        "model: \"glm5\"",
-        "target: \"sm120\"",
-        "functions: [\"prefill\", \"decode\"]",
-        // 78 layers × (c_kv, k_pe, indexer k).
-        "states: 234,",
-    ] {
-        assert!(manifest.contains(needle), "no `{needle}` in\n{manifest}");
+    let text = std::fs::read_to_string(out.join("manifest.ron")).unwrap();
+    let manifest: Manifest<ModelConfig> =
+        ron::from_str(&text).unwrap_or_else(|e| panic!("manifest.ron does not parse: {e}"));
+    assert_eq!((manifest.model.as_str(), manifest.target.as_str()), ("glm5", "sm120"));
+    assert_eq!(manifest.arch, "sm_120");
+    let phases: Vec<&str> = manifest.phases.iter().map(|p| p.function.as_str()).collect();
+    assert_eq!(phases, ["prefill", "decode"]);
+    // 78 layers × (c_kv, k_pe, indexer k).
+    assert_eq!(manifest.states.len(), 234);
+    assert!(!manifest.complete, "GEMMs have no kernels yet");
+    assert!(manifest.missing_ops.contains(&"matmul".to_string()));
+    assert!(stderr.contains("the artifact is incomplete"), "{stderr}");
+    // scripts/test.sh puts the pinned nvcc in GLMC_NVCC, so the cubin is always built here.
+    assert!(
+        std::env::var_os("GLMC_NVCC").is_some(),
+        "run the suite through scripts/test.sh (it installs nvcc)"
+    );
+    for f in ["kernels.cu", "kernels.sm120.cubin", "ptxas.sm120.txt", "ir/decode.lowered.txt"] {
+        assert!(out.join(f).is_file(), "{f} is missing; wrote {:?}", files.keys());
     }
+    assert_eq!(manifest.cubin.as_deref(), Some("kernels.sm120.cubin"));
+    assert!(manifest.ptxas.iter().all(|k| k.spill_store_bytes == 0));
+    assert_eq!(manifest.ptxas.len(), manifest.kernels.len());
 
     let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
     let full = glmc_ok(&["dump", "models/glm5.ron", "--full"]);
@@ -242,4 +257,50 @@ fn help_texts() {
         all.push('\n');
     }
     insta::assert_snapshot!("help_texts", all);
+}
+
+/// Without a CUDA compiler, compile still writes kernels.cu (and no cubin), and says in one line
+/// how to get one; a compiler named with --nvcc that does not exist is an error (exit 2).
+#[test]
+fn compile_without_nvcc_writes_the_source_and_says_how_to_get_the_cubin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("a");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_glmc"))
+        .args(["compile", "models/tiny-sparse.ron", "--target", "sm120a", "-o"])
+        .arg(&out)
+        .current_dir(common::repo())
+        .env_remove("GLMC_NVCC")
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let stderr = stderr_of(&o);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains("no CUDA compiler found") && stderr.contains("scripts/cuda-toolchain.sh"), "{stderr}");
+    assert!(out.join("kernels.cu").is_file());
+    assert!(!out.join("kernels.sm120a.cubin").exists());
+
+    let o = glmc(&[
+        "compile", "models/tiny-sparse.ron", "--target", "sm120a", "--nvcc", "/nonexistent/nvcc", "-o",
+        tmp.path().join("b").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let stderr = stderr_of(&o);
+    assert!(stderr.contains("/nonexistent/nvcc") && stderr.contains("--nvcc"), "{stderr}");
+    assert!(!tmp.path().join("b").exists(), "no partial artifact");
+}
+
+/// `dump --lowered` prints the schedule the artifact holds.
+#[test]
+fn dump_lowered_prints_the_artifacts_schedule() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("a");
+    compile("models/tiny-sparse.ron", "sm120", &out);
+    let dumped = glmc_ok(&[
+        "dump", "models/tiny-sparse.ron", "--phase", "decode", "--lowered", "--target", "sm120",
+    ]);
+    let written = std::fs::read_to_string(out.join("ir/decode.lowered.txt")).unwrap();
+    assert_eq!(dumped, written);
+    assert!(dumped.starts_with("schedule @decode"), "{dumped:.80}");
+    let o = glmc(&["dump", "models/tiny-sparse.ron", "--lowered"]);
+    assert_eq!(o.status.code(), Some(2), "--lowered needs --target");
 }

@@ -5,7 +5,7 @@
 //!
 //! What is counted: every operand read once and every output written once, at its dtype, with
 //! these exceptions, which follow what a good kernel reads:
-//! - views (`reshape`, `slice`) and the function's inputs and weights as nodes cost nothing (the
+//! - views (`reshape`, `slice`, `slice.last`) and the function's inputs and weights as nodes cost nothing (the
 //!   op that reads them pays);
 //! - `cache.update` writes only the new rows; the attention and indexer ops read each cached row
 //!   from DRAM once per sequence (not once per head or per query: the rows a step reads stay in
@@ -75,7 +75,11 @@ pub fn function_cost(f: &Function, bindings: &Bindings) -> Vec<OpCost> {
             flops: 0.0,
         };
         let cost = match &node.op {
-            Op::Input { .. } | Op::Weight { .. } | Op::Reshape { .. } | Op::Slice { .. } => {
+            Op::Input { .. }
+            | Op::Weight { .. }
+            | Op::Reshape { .. }
+            | Op::Slice { .. }
+            | Op::SliceLast {} => {
                 continue
             }
             Op::CacheUpdate { .. } => Cost {
