@@ -178,6 +178,7 @@ enum PendingStep {
         planned: Planned,
         /// The buffer of each `Ptr` argument, in order.
         buffers: Vec<Option<usize>>,
+        outputs: Vec<Loc>,
     },
     View {
         node: String,
@@ -264,6 +265,7 @@ impl<'a> State<'a> {
             op: "copy".into(),
             planned,
             buffers: vec![dst.buffer, src.buffer],
+            outputs: vec![dst.clone()],
         });
         Ok(())
     }
@@ -370,6 +372,7 @@ pub fn lower_function(
                 op,
                 mut planned,
                 buffers,
+                outputs,
             } => {
                 let mut ptrs = buffers.into_iter();
                 for arg in &mut planned.args {
@@ -400,6 +403,7 @@ pub fn lower_function(
                     grid: planned.grid,
                     block: planned.spec.threads,
                     args: planned.args,
+                    outputs: outputs.iter().map(resolve).collect(),
                 })
             }
             PendingStep::View { node, op, at } => Step::View {
@@ -557,7 +561,8 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 };
                 st.copy(n, &dst, &operand_locs[part])?;
             }
-            st.locs.insert(value, whole);
+            // The parts are in place: from here on the concat is its buffer.
+            view(st, whole);
         }
         _ => {
             let outputs: Vec<Loc> = match &node.op {
@@ -611,6 +616,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                         op: node.op.name().to_string(),
                         planned,
                         buffers,
+                        outputs,
                     });
                 }
                 Lowering::NotYet(why) => st.steps.push(PendingStep::Missing {

@@ -51,13 +51,17 @@ pub struct Launch {
     pub grid: GridDim,
     pub block: u32,
     pub args: Vec<Arg>,
+    /// Where the node's outputs land (for a copy: the part of the concat it fills).
+    pub outputs: Vec<TensorRef>,
 }
 
 /// What one IR node became.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Step {
     Launch(Launch),
-    /// A `reshape`/`slice` (or a value a consumer writes in place): no kernel, only a layout.
+    /// A `reshape`/`slice`/`slice.last`, a concat whose parts are already in place (side by
+    /// side, written there by their producers, or copied there by the launches before it): no
+    /// kernel of its own, only a layout.
     View {
         node: String,
         op: String,
