@@ -22,6 +22,9 @@ const ROW_THREADS: u32 = 256;
 const MAX_NORM_ITEMS: u64 = 8;
 /// Threads of the sampling kernels: one block per row of the vocabulary.
 const SAMPLE_THREADS: u32 = 1024;
+/// Candidates the top-p kernel sorts in shared memory (16 KiB): every token with probability at
+/// least 1/this fits, and for a peaked distribution they hold the whole nucleus.
+const NUCLEUS_CAP: u32 = 2048;
 
 /// A kernel specialisation before it is named.
 #[derive(Clone, Debug)]
@@ -541,8 +544,9 @@ fn sample(cx: &NodeCtx, top_p: bool) -> Result<Lowering, String> {
         .param("cols", cols)
         .param("threads", SAMPLE_THREADS)
         .param("top_p", top_p)
+        .param("cap", NUCLEUS_CAP)
         .dtype("x_t", logits.dtype)?
-        .shared(32 * 4 + SAMPLE_THREADS * 8 + 8);
+        .shared(32 * 4 + SAMPLE_THREADS * 8 + 8 + if top_p { NUCLEUS_CAP * 8 + 12 } else { 0 });
     let mut args = vec![
         cx.ptr("out", out),
         cx.ptr("logits", logits),

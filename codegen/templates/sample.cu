@@ -1,11 +1,17 @@
 // {{ op }}: one block of {{ threads }} threads per row of {{ cols }} logits.
 {%- if top_p %}
-// Sampling follows the definition of `sample.top_p` exactly, without sorting: the nucleus is
-// every token above a probability threshold τ plus, in index order, as many tokens tied at τ as
-// it takes to reach top_p; τ and the drawn token's probability are found by bisection on the
-// bits of an f32 probability (non-negative floats order like their bits), each step one block
-// reduction over the row. Probabilities are recomputed by one expression every time, so every
-// comparison sees identical values and the result is deterministic for a given draw.
+// Sampling follows the definition of `sample.top_p` exactly. Fast path: every token of the
+// nucleus has probability at least 1/{{ cap }} whenever the tokens above 1/{{ cap }} already hold
+// top_p of the mass, and there are at most {{ cap }} of those; they are gathered into shared
+// memory, sorted (probability descending, index ascending) and walked: three passes over the
+// row. Otherwise (a flat distribution): the nucleus is every token above a threshold τ plus, in
+// index order, as many tokens tied at τ as it takes to reach top_p; τ and the drawn token's
+// probability are found by bisection on the bits of an f32 probability (non-negative floats
+// order like their bits), each step one block reduction over the row: about 60 passes.
+// Probabilities are recomputed by one expression every time, so every comparison sees identical
+// values and the result is deterministic for a given draw. Every loop over the row is unrolled
+// eight times so a thread keeps eight loads in flight: one block streams the whole row, and with
+// one load at a time it waits on memory latency rather than bandwidth.
 {%- endif %}
 
 // The best (value, index) of two: larger value, then smaller index; NaN never wins.
@@ -17,6 +23,7 @@ __device__ __forceinline__ void best_of(float& v, i64& i, float ov, i64 oi) {
 __device__ i64 {{ name }}_argmax(const {{ x_t }}* __restrict__ x, float* sv, i64* si) {
     float v = nan_f32();
     i64 idx = 0;
+#pragma unroll 8
     for (i64 c = threadIdx.x; c < {{ cols }}; c += blockDim.x) best_of(v, idx, ld(x + c), c);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -51,6 +58,7 @@ struct {{ name }}_Row {
 // Σ p over tokens with p ≥ threshold (above_only: p > threshold).
 __device__ float {{ name }}_mass(const {{ name }}_Row& row, float threshold, bool above_only, float* scratch) {
     float acc = 0.f;
+#pragma unroll 8
     for (i64 c = threadIdx.x; c < {{ cols }}; c += blockDim.x) {
         const float p = row.p(c);
         if (above_only ? p > threshold : p >= threshold) acc += p;
@@ -97,6 +105,65 @@ __device__ i64 {{ name }}_nth_tie(const {{ name }}_Row& row, float value, i64 j,
     __syncthreads();
     return found;
 }
+
+// The fast path: the drawn token when the tokens with p ≥ 1/CAP hold at least `goal` of the mass
+// (and fit), else -1.
+__device__ i64 {{ name }}_small_nucleus(const {{ name }}_Row& row, float goal, float u, float* scratch) {
+    constexpr int CAP = {{ cap }};
+    __shared__ float cand_p[CAP];
+    __shared__ int cand_i[CAP];
+    __shared__ int count;
+    __shared__ i64 pick;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    float held = 0.f;
+#pragma unroll 8
+    for (i64 c = threadIdx.x; c < {{ cols }}; c += blockDim.x) {
+        const float p = row.p(c);
+        if (p >= 1.f / CAP) {
+            const int k = atomicAdd(&count, 1);
+            if (k < CAP) { cand_p[k] = p; cand_i[k] = (int)c; }
+            held += p;
+        }
+    }
+    held = block_sum(held, scratch);
+    const int n = count;
+    if (goal >= 1.f || held < goal || n > CAP) return -1;
+    int size = 1;
+    while (size < n) size <<= 1;
+    for (int k = n + threadIdx.x; k < size; k += blockDim.x) { cand_p[k] = -1.f; cand_i[k] = 0x7fffffff; }
+    __syncthreads();
+    // Bitonic sort, probability descending then index ascending (the order of the definition).
+    for (int width = 2; width <= size; width <<= 1) {
+        for (int j = width >> 1; j > 0; j >>= 1) {
+            for (int a = threadIdx.x; a < size; a += blockDim.x) {
+                const int b = a ^ j;
+                if (b > a) {
+                    const bool before = cand_p[b] > cand_p[a] || (cand_p[b] == cand_p[a] && cand_i[b] < cand_i[a]);
+                    const bool descending = (a & width) == 0;
+                    if (before == descending) {
+                        const float tp = cand_p[a]; cand_p[a] = cand_p[b]; cand_p[b] = tp;
+                        const int ti = cand_i[a]; cand_i[a] = cand_i[b]; cand_i[b] = ti;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (threadIdx.x == 0) {
+        float cum = 0.f;
+        int last = 0;
+        while (last < n) { cum += cand_p[last]; if (cum >= goal) break; ++last; }
+        if (last == n) last = n - 1;
+        const float target = u * cum;
+        float run = 0.f;
+        int k = 0;
+        for (; k < last; ++k) { run += cand_p[k]; if (run > target) break; }
+        pick = cand_i[k];
+    }
+    __syncthreads();
+    return pick;
+}
 {% endif %}
 // One block per SM at least, as in norm.cu: the one-argument form lets ptxas spill on sm_90a.
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
@@ -122,9 +189,15 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
     }
     {{ name }}_Row row{x, ld(x + best), 1.f / t, 1.f};
     float z = 0.f;
+#pragma unroll 8
     for (i64 c = threadIdx.x; c < {{ cols }}; c += blockDim.x) z += row.p(c);
     row.inv_z = 1.f / block_sum(z, scratch);
     const float goal = top_p[r];
+    const i64 fast = {{ name }}_small_nucleus(row, goal, uniform[r], scratch);
+    if (fast >= 0) {
+        if (threadIdx.x == 0) out[r] = fast;
+        return;
+    }
     float nucleus;
     float tau = 0.f;
     i64 ties_in = 0;

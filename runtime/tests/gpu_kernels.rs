@@ -445,56 +445,103 @@ fn every_kernel_instance_matches_the_interpreter() {
     assert!(failures.is_empty(), "{} kernels failed:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// 200 000 draws of the GPU's `sample.top_p` at temperature 2 and top-p 0.9 follow the nucleus
-/// distribution (the CPU test's statistical check); at temperature 0 every draw is the argmax.
+/// The GPU's `sample.top_p` follows the nucleus distribution (the CPU test's statistical check),
+/// on both of its paths: a peaked row whose nucleus it sorts in shared memory, and a flat row
+/// (every probability below 1/2048) where it bisects; at temperature 0 every draw is the argmax.
+/// Also times one GLM-5-sized row on each path.
 #[test]
 #[ignore = "gpu"]
 fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
     let dev = Device::open();
-    let logits_row: Vec<f32> = vec![1.0, 2.5, -0.5, 0.3, 1.7, 2.2, -1.2, 0.9, 1.1, -2.0, 0.0, 1.4];
-    let v = logits_row.len();
-    let n = 200_000usize;
+    let mut rng = Rng(77);
+    let peaked: Vec<f32> = vec![1.0, 2.5, -0.5, 0.3, 1.7, 2.2, -1.2, 0.9, 1.1, -2.0, 0.0, 1.4];
+    let flat: Vec<f32> = (0..4096).map(|_| rng.uniform() * 2.0 - 1.0).collect();
+    let mut report = String::new();
+    for (name, row, draws, temperature, top_p) in [
+        ("peaked, 12 tokens, T=2, top-p 0.9 (sorted path)", &peaked, 200_000usize, 2.0f32, 0.9f32),
+        ("flat, 4096 tokens, T=1, top-p 0.5 (bisection path)", &flat, 20_000, 1.0, 0.5),
+        ("greedy, T=0", &peaked, 200_000, 0.0, 0.9),
+    ] {
+        let ids = sample_on_gpu(&dev, row, draws, temperature, top_p, false).0;
+        if temperature == 0.0 {
+            let best = sampling::argmax(row).unwrap() as i64;
+            assert!(ids.iter().all(|&i| i == best), "{name}: a greedy draw was not the argmax");
+            writeln!(report, "{name}: all {draws} draws were the argmax").unwrap();
+        } else {
+            let expected = sampling::nucleus_probabilities(row, temperature, top_p);
+            let check = sampling::check_frequencies(&expected, &ids)
+                .unwrap_or_else(|e| panic!("{name}: GPU draws: {e}"));
+            writeln!(report, "{name}: {check:?}").unwrap();
+        }
+    }
+    // Timing: one row of GLM-5's vocabulary, peaked (a confident next token) and flat.
+    let vocab = 154_880;
+    let mut confident: Vec<f32> = (0..vocab).map(|_| rng.uniform() * 4.0 - 2.0).collect();
+    for (k, x) in confident.iter_mut().take(40).enumerate() {
+        *x = 14.0 - k as f32 * 0.25;
+    }
+    let uniform_row: Vec<f32> = (0..vocab).map(|_| rng.uniform() * 4.0 - 2.0).collect();
+    for (name, row) in [("confident", &confident), ("flat", &uniform_row)] {
+        let (_, secs) = sample_on_gpu(&dev, row, 1, 1.0, 0.9, true);
+        writeln!(
+            report,
+            "one {vocab}-token row, {name}, T=1, top-p 0.9: {:.1} us",
+            secs.unwrap() * 1e6
+        )
+        .unwrap();
+    }
+    print!("{report}");
+    std::fs::write(out_dir().join("sampling.txt"), report).unwrap();
+}
+
+/// `draws` rows of `row`, each with its own uniform draw, through the lowered `sample.top_p`.
+fn sample_on_gpu(
+    dev: &Device,
+    row: &[f32],
+    draws: usize,
+    temperature: f32,
+    top_p: f32,
+    time_it: bool,
+) -> (Vec<i64>, Option<f64>) {
+    let v = row.len();
     let mut f = Function::new("decode");
     let b = glmc_ir::Dim::sym("b");
-    let logits = f.push_input(0, "logits", TensorType::new(DType::F32, vec![b.clone(), (v as u64).into()]));
-    let t = f.push_input(1, "temperature", TensorType::new(DType::F32, vec![b.clone()]));
-    let p = f.push_input(2, "top_p", TensorType::new(DType::F32, vec![b.clone()]));
-    let u = f.push_input(3, "uniform", TensorType::new(DType::F32, vec![b.clone()]));
+    let vec_of = |ty| TensorType::new(DType::F32, vec![b.clone()]).with_dtype(ty);
+    let logits = f.push_input(
+        0,
+        "logits",
+        TensorType::new(DType::F32, vec![b.clone(), (v as u64).into()]),
+    );
+    let t = f.push_input(1, "temperature", vec_of(DType::F32));
+    let p = f.push_input(2, "top_p", vec_of(DType::F32));
+    let u = f.push_input(3, "uniform", vec_of(DType::F32));
     let s = f.push(Op::SampleTopP {}, "next_token", &[logits, t, p, u]).unwrap();
     f.results.push(("next_token".into(), s.into()));
     let mut module = Module::new("sampling");
-    module.functions.push(f.clone());
-    for (temperature, name) in [(2.0f32, "t2"), (0.0, "t0")] {
-        let ins = vec![
-            Tensor::f32(vec![n, v], logits_row.iter().cycle().take(n * v).copied().collect()).unwrap(),
-            Tensor::f32(vec![n], vec![temperature; n]).unwrap(),
-            Tensor::f32(vec![n], vec![0.9; n]).unwrap(),
-            Tensor::f32(vec![n], (0..n as u64).map(|r| sampling::uniform(7, 0, r)).collect()).unwrap(),
-        ];
-        let bind = Bindings::from([("b".into(), n as u64), ("t".into(), 1)]);
-        let limits = Limits {
-            max_prefill_tokens: 1,
-            max_batch: n as u64,
-            max_context: 1,
-        };
-        let run = run_on_gpu(&dev, &module, limits, &ins, &bind, false);
-        let (_, at) = &run.phase.results[0];
-        let ids: Vec<i64> = gather(&bytes_of(&run, at), at, &bind)
-            .iter()
-            .map(|x| *x as i64)
-            .collect();
-        if temperature == 0.0 {
-            let best = sampling::argmax(&logits_row).unwrap() as i64;
-            assert!(ids.iter().all(|&i| i == best), "{name}: a greedy draw was not the argmax");
-        } else {
-            let expected = sampling::nucleus_probabilities(&logits_row, temperature, 0.9);
-            let check = sampling::check_frequencies(&expected, &ids)
-                .unwrap_or_else(|e| panic!("GPU top-p draws: {e}"));
-            let line = format!("sample.top_p on the GPU, T=2, top-p 0.9, {n} draws: {check:?}\n");
-            print!("{line}");
-            std::fs::write(out_dir().join("sampling.txt"), line).unwrap();
-        }
-    }
+    module.functions.push(f);
+    let ins = vec![
+        Tensor::f32(vec![draws, v], row.iter().cycle().take(draws * v).copied().collect()).unwrap(),
+        Tensor::f32(vec![draws], vec![temperature; draws]).unwrap(),
+        Tensor::f32(vec![draws], vec![top_p; draws]).unwrap(),
+        Tensor::f32(
+            vec![draws],
+            (0..draws as u64).map(|r| sampling::uniform(7, 0, r)).collect(),
+        )
+        .unwrap(),
+    ];
+    let bind = Bindings::from([("b".into(), draws as u64), ("t".into(), 1)]);
+    let limits = Limits {
+        max_prefill_tokens: 1,
+        max_batch: draws as u64,
+        max_context: 1,
+    };
+    let run = run_on_gpu(dev, &module, limits, &ins, &bind, time_it);
+    let (_, at) = &run.phase.results[0];
+    let ids = gather(&bytes_of(&run, at), at, &bind)
+        .iter()
+        .map(|x| *x as i64)
+        .collect();
+    (ids, run.seconds_per_run)
 }
 
 /// Each kernel family at GLM-5's sizes (prefill of 4096 tokens; decode of 64 sequences), timed
