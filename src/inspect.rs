@@ -26,7 +26,12 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
         disable_pass: Vec::new(),
         attention: args.attention,
     };
-    let built = build(&args.checkpoint, &glmc_models::builder::BuildOptions::default(), &pipeline, None)?;
+    let built = build(
+        &args.checkpoint,
+        &glmc_models::builder::BuildOptions::default(),
+        &pipeline,
+        None,
+    )?;
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let report = report(&built, &checkpoint);
     print!("{}", render(&built, &report));

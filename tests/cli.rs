@@ -53,9 +53,16 @@ fn compile_glm5_writes_the_artifact() {
     let text = std::fs::read_to_string(out.join("manifest.ron")).unwrap();
     let manifest: Manifest<ModelConfig> =
         ron::from_str(&text).unwrap_or_else(|e| panic!("manifest.ron does not parse: {e}"));
-    assert_eq!((manifest.model.as_str(), manifest.target.as_str()), ("glm5", "sm120"));
+    assert_eq!(
+        (manifest.model.as_str(), manifest.target.as_str()),
+        ("glm5", "sm120")
+    );
     assert_eq!(manifest.arch, "sm_120");
-    let phases: Vec<&str> = manifest.phases.iter().map(|p| p.function.as_str()).collect();
+    let phases: Vec<&str> = manifest
+        .phases
+        .iter()
+        .map(|p| p.function.as_str())
+        .collect();
     assert_eq!(phases, ["prefill", "decode"]);
     // 78 layers × (c_kv, k_pe, indexer k).
     assert_eq!(manifest.states.len(), 234);
@@ -67,8 +74,17 @@ fn compile_glm5_writes_the_artifact() {
         std::env::var_os("GLMC_NVCC").is_some(),
         "run the suite through scripts/test.sh (it installs nvcc)"
     );
-    for f in ["kernels.cu", "kernels.sm120.cubin", "ptxas.sm120.txt", "ir/decode.lowered.txt"] {
-        assert!(out.join(f).is_file(), "{f} is missing; wrote {:?}", files.keys());
+    for f in [
+        "kernels.cu",
+        "kernels.sm120.cubin",
+        "ptxas.sm120.txt",
+        "ir/decode.lowered.txt",
+    ] {
+        assert!(
+            out.join(f).is_file(),
+            "{f} is missing; wrote {:?}",
+            files.keys()
+        );
     }
     assert_eq!(manifest.cubin.as_deref(), Some("kernels.sm120.cubin"));
     assert!(manifest.ptxas.iter().all(|k| k.spill_store_bytes == 0));
@@ -266,7 +282,13 @@ fn compile_without_nvcc_writes_the_source_and_says_how_to_get_the_cubin() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("a");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_glmc"))
-        .args(["compile", "models/tiny-sparse.ron", "--target", "sm120a", "-o"])
+        .args([
+            "compile",
+            "models/tiny-sparse.ron",
+            "--target",
+            "sm120a",
+            "-o",
+        ])
         .arg(&out)
         .current_dir(common::repo())
         .env_remove("GLMC_NVCC")
@@ -275,17 +297,29 @@ fn compile_without_nvcc_writes_the_source_and_says_how_to_get_the_cubin() {
         .unwrap();
     let stderr = stderr_of(&o);
     assert!(o.status.success(), "{stderr}");
-    assert!(stderr.contains("no CUDA compiler found") && stderr.contains("scripts/cuda-toolchain.sh"), "{stderr}");
+    assert!(
+        stderr.contains("no CUDA compiler found") && stderr.contains("scripts/cuda-toolchain.sh"),
+        "{stderr}"
+    );
     assert!(out.join("kernels.cu").is_file());
     assert!(!out.join("kernels.sm120a.cubin").exists());
 
     let o = glmc(&[
-        "compile", "models/tiny-sparse.ron", "--target", "sm120a", "--nvcc", "/nonexistent/nvcc", "-o",
+        "compile",
+        "models/tiny-sparse.ron",
+        "--target",
+        "sm120a",
+        "--nvcc",
+        "/nonexistent/nvcc",
+        "-o",
         tmp.path().join("b").to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2));
     let stderr = stderr_of(&o);
-    assert!(stderr.contains("/nonexistent/nvcc") && stderr.contains("--nvcc"), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/nvcc") && stderr.contains("--nvcc"),
+        "{stderr}"
+    );
     assert!(!tmp.path().join("b").exists(), "no partial artifact");
 }
 
@@ -296,7 +330,13 @@ fn dump_lowered_prints_the_artifacts_schedule() {
     let out = tmp.path().join("a");
     compile("models/tiny-sparse.ron", "sm120", &out);
     let dumped = glmc_ok(&[
-        "dump", "models/tiny-sparse.ron", "--phase", "decode", "--lowered", "--target", "sm120",
+        "dump",
+        "models/tiny-sparse.ron",
+        "--phase",
+        "decode",
+        "--lowered",
+        "--target",
+        "sm120",
     ]);
     let written = std::fs::read_to_string(out.join("ir/decode.lowered.txt")).unwrap();
     assert_eq!(dumped, written);

@@ -79,9 +79,7 @@ pub fn function_cost(f: &Function, bindings: &Bindings) -> Vec<OpCost> {
             | Op::Weight { .. }
             | Op::Reshape { .. }
             | Op::Slice { .. }
-            | Op::SliceLast {} => {
-                continue
-            }
+            | Op::SliceLast {} => continue,
             Op::CacheUpdate { .. } => Cost {
                 bytes: 2.0 * bytes(&ins[0], bindings),
                 flops: 0.0,
@@ -115,7 +113,11 @@ pub fn function_cost(f: &Function, bindings: &Bindings) -> Vec<OpCost> {
                 ..
             } => attention(node.op.name(), &ins, outs, *sparse, *dense_until, bindings),
             Op::DsaScore {} => {
-                let (n, h, d) = (dim(&ins[0], 0, bindings), dim(&ins[0], 1, bindings), dim(&ins[0], 2, bindings));
+                let (n, h, d) = (
+                    dim(&ins[0], 0, bindings),
+                    dim(&ins[0], 1, bindings),
+                    dim(&ins[0], 2, bindings),
+                );
                 let keys = dim(&outs[0], 1, bindings);
                 Cost {
                     bytes: read + written,
@@ -126,10 +128,7 @@ pub fn function_cost(f: &Function, bindings: &Bindings) -> Vec<OpCost> {
                 let (n, k) = (dim(&ins[1], 0, bindings), dim(&ins[1], 1, bindings));
                 let experts = dim(&ins[3], 0, bindings);
                 let active = (n * k).min(experts);
-                let per_expert: f64 = ins[3..]
-                    .iter()
-                    .map(|t| bytes(t, bindings) / experts)
-                    .sum();
+                let per_expert: f64 = ins[3..].iter().map(|t| bytes(t, bindings) / experts).sum();
                 let inter = dim(&ins[3], 1, bindings);
                 let hidden = dim(&ins[3], 2, bindings);
                 Cost {

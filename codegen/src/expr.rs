@@ -186,7 +186,9 @@ impl FromStr for Poly {
                 let f = if let Ok(c) = factor.parse::<i64>() {
                     Poly::constant(c)
                 } else if !factor.is_empty()
-                    && factor.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && factor
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_')
                     && factor.starts_with(|c: char| c.is_ascii_alphabetic())
                 {
                     Poly::sym(factor)

@@ -183,10 +183,11 @@ fn vector_width(cols: u64, tensors: &[(&TensorRef, &Poly)]) -> u64 {
         .unwrap_or(1);
     let mut v = widest;
     while v > 1 {
-        let fits = cols % v == 0
+        let fits = cols.is_multiple_of(v)
             && tensors.iter().all(|(r, stride)| {
                 stride.divisible_by(v as i64)
-                    && r.offset_bytes.divisible_by((v * r.dtype.size_bytes()) as i64)
+                    && r.offset_bytes
+                        .divisible_by((v * r.dtype.size_bytes()) as i64)
             });
         if fits {
             break;
@@ -230,9 +231,7 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::MlaAttend { .. } | Op::MlaAttendAbsorbed { .. } => {
             Err("attention kernels land with codegen II".into())
         }
-        Op::DsaScore {} | Op::DsaTopk { .. } => {
-            Err("indexer kernels land with codegen II".into())
-        }
+        Op::DsaScore {} | Op::DsaTopk { .. } => Err("indexer kernels land with codegen II".into()),
         Op::MoeRoute { .. } | Op::MoeExperts {} => Err("MoE kernels land with codegen II".into()),
         other => Err(format!("`{}` has no kernel", other.name())),
     }
@@ -434,7 +433,10 @@ fn embed(cx: &NodeCtx) -> Result<Lowering, String> {
         return Err("the table and the ids must be contiguous".into());
     }
     let vec = vector_width(cols, &[(y, &y_rows.stride), (table, &y_rows.cols)]);
-    let threads = ((cols / vec).div_ceil(32).clamp(1, (ROW_THREADS / 32) as u64) * 32) as u32;
+    let threads = ((cols / vec)
+        .div_ceil(32)
+        .clamp(1, (ROW_THREADS / 32) as u64)
+        * 32) as u32;
     let k = Builder::new("embed", threads)
         .param("cols", cols)
         .param("vec", vec)
@@ -526,10 +528,22 @@ pub fn copy(dst: &TensorRef, src: &TensorRef) -> Result<Planned, String> {
         unreachable!("Builder::launch makes a launch")
     };
     let mut args = vec![ptr("y", dst)];
-    args.extend(ys.iter().enumerate().map(|(i, s)| int(&format!("ys{i}"), s.clone())));
+    args.extend(
+        ys.iter()
+            .enumerate()
+            .map(|(i, s)| int(&format!("ys{i}"), s.clone())),
+    );
     args.push(ptr("x", src));
-    args.extend(xs.iter().enumerate().map(|(i, s)| int(&format!("xs{i}"), s.clone())));
-    args.extend(dims.iter().enumerate().map(|(i, d)| int(&format!("n{i}"), d.clone())));
+    args.extend(
+        xs.iter()
+            .enumerate()
+            .map(|(i, s)| int(&format!("xs{i}"), s.clone())),
+    );
+    args.extend(
+        dims.iter()
+            .enumerate()
+            .map(|(i, d)| int(&format!("n{i}"), d.clone())),
+    );
     planned.args = args;
     Ok(planned)
 }

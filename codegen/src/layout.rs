@@ -81,9 +81,9 @@ impl TensorRef {
     /// Elements `start..end` of `axis`: the same memory, moved and narrowed.
     pub fn slice(&self, axis: usize, start: u64, end: u64) -> TensorRef {
         let mut out = self.clone();
-        out.offset_bytes = self.offset_bytes.add(
-            &self.strides[axis].scale(start as i64 * self.dtype.size_bytes() as i64),
-        );
+        out.offset_bytes = self
+            .offset_bytes
+            .add(&self.strides[axis].scale(start as i64 * self.dtype.size_bytes() as i64));
         out.shape[axis] = Poly::constant((end - start) as i64);
         out
     }
@@ -224,7 +224,9 @@ mod tests {
         assert!(part
             .reshape(&[Poly::sym("s"), Poly::constant(2), Poly::constant(16)])
             .is_none());
-        let whole = x.reshape(&[Poly::sym("s").scale(2), Poly::constant(37)]).unwrap();
+        let whole = x
+            .reshape(&[Poly::sym("s").scale(2), Poly::constant(37)])
+            .unwrap();
         assert!(whole.is_contiguous());
     }
 }

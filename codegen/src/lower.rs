@@ -67,10 +67,9 @@ pub enum LowerError {
     #[error("@{function}: the arena for {bound} passes 2^64 bytes")]
     ArenaOverflow { function: String, bound: String },
     #[error(
-        "kernel {kernel} ({template}, for node \"{node}\") needs {need} bytes of shared memory per block; tiles are held to {limit} (SM120's limit) on every target, {target} included: choose a smaller tile"
+        "the {template} kernel for node \"{node}\" needs {need} bytes of shared memory per block; tiles are held to {limit} (SM120's limit) on every target, {target} included: choose a smaller tile"
     )]
     SharedMemory {
-        kernel: String,
         template: String,
         node: String,
         need: u32,
@@ -99,7 +98,11 @@ impl Lowered {
     }
 }
 
-pub fn lower_module(module: &Module, target: Target, limits: Limits) -> Result<Lowered, LowerError> {
+pub fn lower_module(
+    module: &Module,
+    target: Target,
+    limits: Limits,
+) -> Result<Lowered, LowerError> {
     let mut kernels = KernelTable::default();
     let mut phases = Vec::new();
     for f in &module.functions {
@@ -205,9 +208,21 @@ impl<'a> State<'a> {
     }
 
     /// A fresh arena buffer for `ty`-sized bytes, live from `step`.
-    fn new_buffer(&mut self, at: &TensorRef, step: usize, n: NodeIndex) -> Result<usize, LowerError> {
+    fn new_buffer(
+        &mut self,
+        at: &TensorRef,
+        step: usize,
+        n: NodeIndex,
+    ) -> Result<usize, LowerError> {
         let bytes = at.bytes().eval(&self.bindings).ok_or_else(|| {
-            self.error(n, format!("the size {} is not bound by {:?}", at.bytes(), self.bindings))
+            self.error(
+                n,
+                format!(
+                    "the size {} is not bound by {:?}",
+                    at.bytes(),
+                    self.bindings
+                ),
+            )
         })?;
         self.buffers.push(ArenaBuffer {
             bytes: bytes as u64,
@@ -384,17 +399,7 @@ pub fn lower_function(
                         });
                     }
                 }
-                let limit = target.tile_shared_memory_limit();
-                if planned.spec.shared_bytes > limit {
-                    return Err(LowerError::SharedMemory {
-                        kernel: planned.spec.template.to_string(),
-                        template: planned.spec.template.to_string(),
-                        node,
-                        need: planned.spec.shared_bytes,
-                        limit,
-                        target,
-                    });
-                }
+                check_shared_memory(&planned.spec, &node, target)?;
                 let kernel = kernels.intern(&planned);
                 Step::Launch(Launch {
                     node,
@@ -495,7 +500,10 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                     // Materialise the operand in row-major order, then view it.
                     let flat = st.fresh(operands[0], step)?;
                     st.copy(n, &flat, src)?;
-                    let at = flat.at.reshape(&shape).expect("a contiguous tensor reshapes");
+                    let at = flat
+                        .at
+                        .reshape(&shape)
+                        .expect("a contiguous tensor reshapes");
                     st.locs.insert(
                         value,
                         Loc {
@@ -519,7 +527,14 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 );
             } else {
                 let dst = st.fresh(value, step)?;
-                st.copy(n, &dst, &Loc { buffer: src.buffer, at })?;
+                st.copy(
+                    n,
+                    &dst,
+                    &Loc {
+                        buffer: src.buffer,
+                        at,
+                    },
+                )?;
                 st.locs.insert(value, dst);
             }
         }
@@ -631,6 +646,21 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
     Ok(())
 }
 
+/// Refuses a specialisation whose tile needs more shared memory than SM120 has, on every target.
+fn check_shared_memory(spec: &kernels::Spec, node: &str, target: Target) -> Result<(), LowerError> {
+    let limit = target.tile_shared_memory_limit();
+    if spec.shared_bytes > limit {
+        return Err(LowerError::SharedMemory {
+            template: spec.template.to_string(),
+            node: node.to_string(),
+            need: spec.shared_bytes,
+            limit,
+            target,
+        });
+    }
+    Ok(())
+}
+
 /// The concat as a view, when its parts already lie side by side in one buffer in order (the
 /// rotated and the plain halves of a head that one kernel wrote, say): no copy at all.
 fn adjacent_view(parts: &[Loc], axis: usize) -> Option<Loc> {
@@ -645,7 +675,11 @@ fn adjacent_view(parts: &[Loc], axis: usize) -> Option<Loc> {
             && p.at.dtype == at.dtype
             && p.at.strides == at.strides
             && p.at.offset_bytes == at.offset_bytes.add(&step)
-            && p.at.shape.iter().enumerate().all(|(k, d)| k == axis || *d == at.shape[k]);
+            && p.at
+                .shape
+                .iter()
+                .enumerate()
+                .all(|(k, d)| k == axis || *d == at.shape[k]);
         if !lines_up {
             return None;
         }
@@ -669,3 +703,26 @@ fn cache_view(f: &Function, n: NodeIndex, state: &str, batched: bool, max_contex
     Loc { buffer: None, at }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tile_past_99_kib_is_refused_even_where_the_gpu_has_more() {
+        let spec = |bytes| kernels::Spec {
+            template: "gemm",
+            params: Default::default(),
+            threads: 256,
+            shared_bytes: bytes,
+        };
+        for target in Target::ALL {
+            assert!(check_shared_memory(&spec(99 * 1024), "n", target).is_ok());
+            let err = check_shared_memory(&spec(99 * 1024 + 1), "n", target).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains("101377") && text.contains("101376") && text.contains("smaller tile"),
+                "{text}"
+            );
+        }
+    }
+}

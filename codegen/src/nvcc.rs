@@ -132,7 +132,10 @@ pub fn compile(
     let key = cache_key(compiler, source, target);
     let cached = cache.map(|d| {
         let d = d.join("cubins");
-        (d.join(format!("{key}.cubin")), d.join(format!("{key}.ptxas.txt")))
+        (
+            d.join(format!("{key}.cubin")),
+            d.join(format!("{key}.ptxas.txt")),
+        )
     });
     if let Some((cubin, ptxas)) = &cached {
         if let (Ok(c), Ok(p)) = (std::fs::read(cubin), std::fs::read_to_string(ptxas)) {

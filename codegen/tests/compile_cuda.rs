@@ -30,15 +30,15 @@ fn every_generated_kernel_compiles_without_local_memory() {
         for model in MODELS {
             let l = lowered(model, target);
             let source = render::render(&l.kernels).unwrap();
-            let compiled = nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
-                .unwrap_or_else(|e| panic!("{model} for {target}: {e}"));
+            let compiled =
+                nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
+                    .unwrap_or_else(|e| panic!("{model} for {target}: {e}"));
             assert!(!compiled.cubin.is_empty());
             let usage = parse_ptxas(&compiled.ptxas);
             for k in &l.kernels {
-                let u = usage
-                    .iter()
-                    .find(|u| u.name == k.name)
-                    .unwrap_or_else(|| panic!("{model} {target}: ptxas says nothing of {}", k.name));
+                let u = usage.iter().find(|u| u.name == k.name).unwrap_or_else(|| {
+                    panic!("{model} {target}: ptxas says nothing of {}", k.name)
+                });
                 assert_eq!(
                     (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
                     (0, 0, 0),
@@ -55,5 +55,8 @@ fn a_kernel_that_does_not_compile_is_an_error_naming_the_target() {
     let nvcc = compiler();
     let err = nvcc::compile(&nvcc, "this is not CUDA", Target::Sm120a, None).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("sm120a") && text.contains("kernels.cu"), "{text}");
+    assert!(
+        text.contains("sm120a") && text.contains("kernels.cu"),
+        "{text}"
+    );
 }

@@ -47,7 +47,10 @@ fn elem_size(d: DType) -> usize {
 }
 
 fn shape_of(at: &TensorRef, b: &Bindings) -> Vec<usize> {
-    at.shape.iter().map(|d| d.eval(b).unwrap() as usize).collect()
+    at.shape
+        .iter()
+        .map(|d| d.eval(b).unwrap() as usize)
+        .collect()
 }
 
 /// Byte offsets (within the tensor's buffer) of every element, row-major.
@@ -133,8 +136,18 @@ impl Memory {
 
 fn encode(t: &Tensor, dtype: DType) -> Vec<u8> {
     match dtype {
-        DType::I64 => t.as_i64().unwrap().iter().flat_map(|x| x.to_le_bytes()).collect(),
-        DType::F32 => t.as_f32().unwrap().iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::I64 => t
+            .as_i64()
+            .unwrap()
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        DType::F32 => t
+            .as_f32()
+            .unwrap()
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
         DType::BF16 => t
             .as_f32()
             .unwrap()
@@ -183,7 +196,12 @@ fn eval(module: &Module, f: &Function, n: glmc_ir::NodeIndex, operands: &[Tensor
         .enumerate()
         .map(|(i, v)| mini.push_input(i as u64, format!("in{i}"), f.value_type(*v).clone()))
         .collect();
-    let m = mini.add_node(node.op.clone(), node.name.clone(), &ins, node.outputs.clone());
+    let m = mini.add_node(
+        node.op.clone(),
+        node.name.clone(),
+        &ins,
+        node.outputs.clone(),
+    );
     for k in 0..node.outputs.len() {
         mini.results.push((
             format!("out{k}"),
@@ -194,8 +212,14 @@ fn eval(module: &Module, f: &Function, n: glmc_ir::NodeIndex, operands: &[Tensor
         ));
     }
     let _ = module;
-    run_function(&Module::new("node"), &mini, &HashMap::new(), &mut [], operands)
-        .unwrap_or_else(|e| panic!("@{}: {}: {e}", f.name, node.name))
+    run_function(
+        &Module::new("node"),
+        &mini,
+        &HashMap::new(),
+        &mut [],
+        operands,
+    )
+    .unwrap_or_else(|e| panic!("@{}: {}: {e}", f.name, node.name))
 }
 
 /// Runs `f`'s schedule on the simulated memory, checking every operand it reads against what its
@@ -211,7 +235,9 @@ fn execute(
     let prefill = f.name == "prefill";
     let at = locations(phase);
     for (i, (_, r)) in phase.inputs.iter().enumerate() {
-        let Buf::Input(index) = r.buf else { unreachable!() };
+        let Buf::Input(index) = r.buf else {
+            unreachable!()
+        };
         mem.inputs.insert(index, encode(&inputs[i], r.dtype));
     }
     let mut values: HashMap<Value, Tensor> = HashMap::new();
@@ -297,9 +323,10 @@ fn execute(
             }
         }
         let outs = eval(module, f, n, &operands);
-        let is_view = phase.steps.iter().any(
-            |s| matches!(s, Step::View { node: v, .. } if *v == node.name),
-        );
+        let is_view = phase
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::View { node: v, .. } if *v == node.name));
         for (k, t) in outs.iter().enumerate() {
             let loc = &at[&node.name][k];
             let value = Value {
@@ -358,8 +385,11 @@ fn weights(module: &Module, seed: u64) -> HashMap<String, Tensor> {
             if let Op::Weight { .. } = node.op {
                 out.entry(node.name.clone()).or_insert_with(|| {
                     let ty: &TensorType = &node.outputs[0];
-                    let shape: Vec<usize> =
-                        ty.shape.iter().map(|d| d.as_const().unwrap() as usize).collect();
+                    let shape: Vec<usize> = ty
+                        .shape
+                        .iter()
+                        .map(|d| d.as_const().unwrap() as usize)
+                        .collect();
                     let count: usize = shape.iter().product();
                     Tensor::f32(shape, (0..count).map(|_| next() * 0.5).collect()).unwrap()
                 });
@@ -414,13 +444,23 @@ fn check_model(file: &str) {
     let mut interp = Interpreter::new();
     let prefill = module.function("prefill").unwrap();
     let decode = module.function("decode").unwrap();
-    let prefill_phase = lowered.phases.iter().find(|p| p.function == "prefill").unwrap();
-    let decode_phase = lowered.phases.iter().find(|p| p.function == "decode").unwrap();
+    let prefill_phase = lowered
+        .phases
+        .iter()
+        .find(|p| p.function == "prefill")
+        .unwrap();
+    let decode_phase = lowered
+        .phases
+        .iter()
+        .find(|p| p.function == "decode")
+        .unwrap();
     // Three sequences of different lengths, prefilled one by one, then one decode step for all.
     let lengths = [5usize, 11, 3];
     let mut caches: Vec<SequenceCache> = Vec::new();
     for (seq, &len) in lengths.iter().enumerate() {
-        let ids: Vec<i64> = (0..len as i64).map(|i| (i * 7 + seq as i64 * 3) % 50).collect();
+        let ids: Vec<i64> = (0..len as i64)
+            .map(|i| (i * 7 + seq as i64 * 3) % 50)
+            .collect();
         let positions: Vec<i64> = (0..len as i64).collect();
         let ins = phase_inputs(&ids, &positions, &sampling, 0, 1);
         let mut cache = SequenceCache::new();

@@ -533,7 +533,11 @@ fn sampler_errors_name_the_node_and_shapes() {
     use glmc_ir::{DType, Dim, Function, Op, TensorType};
     let mut f = Function::new("decode");
     let ty = |dtype, dims: Vec<Dim>| TensorType::new(dtype, dims);
-    let logits = f.push_input(0, "logits", ty(DType::F32, vec![Dim::sym("b"), Dim::Const(8)]));
+    let logits = f.push_input(
+        0,
+        "logits",
+        ty(DType::F32, vec![Dim::sym("b"), Dim::Const(8)]),
+    );
     let t = f.push_input(1, "temperature", ty(DType::F32, vec![Dim::sym("b")]));
     let p = f.push_input(2, "top_p", ty(DType::F32, vec![Dim::Const(1)]));
     let u = f.push_input(3, "uniform", ty(DType::F32, vec![Dim::sym("b")]));

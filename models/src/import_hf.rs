@@ -261,7 +261,8 @@ fn check_unsupported(r: &mut Reader) -> Result<(), ConfigError> {
     }
     // Present values were checked above; only an absent key still needs its note.
     if r.json.get("hidden_act").is_none() {
-        r.notes.push(ImportNote::defaulted("hidden_act", "\"silu\""));
+        r.notes
+            .push(ImportNote::defaulted("hidden_act", "\"silu\""));
     }
     r.bool_or("attention_bias", false)?;
     r.bool_or("mlp_bias", false)?;

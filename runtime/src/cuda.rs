@@ -207,7 +207,9 @@ pub fn launch(
     };
     // SAFETY: the arguments match the kernel's parameter list by construction (the same
     // lowering wrote both), and every pointer is into memory that `memory` owns for the call.
-    unsafe { builder.launch(cfg) }
-        .map_err(driver(format!("launching {} for \"{}\"", launch.kernel, launch.node)))?;
+    unsafe { builder.launch(cfg) }.map_err(driver(format!(
+        "launching {} for \"{}\"",
+        launch.kernel, launch.node
+    )))?;
     Ok(())
 }

@@ -16,5 +16,5 @@ pub mod generate;
 pub mod sampling;
 pub use generate::{generate, phase_inputs, Call, GenerateError, Generation, Generator, Step};
 pub use sampling::{Sampling, SamplingError};
-pub mod trace;
 pub mod cuda;
+pub mod trace;

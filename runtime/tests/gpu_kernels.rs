@@ -71,9 +71,8 @@ fn is_view(op: &Op) -> bool {
 /// Node `n` of `f` with the views that feed it, its other operands as inputs.
 fn cut(f: &Function, n: NodeIndex) -> Function {
     let mut mini = Function::new(f.name.clone());
-    let mut inputs = 0u64;
     let mut operands = Vec::new();
-    for v in f.operands(n) {
+    for (inputs, v) in (0u64..).zip(f.operands(n)) {
         let mut chain = Vec::new();
         let mut base = v;
         while is_view(&f.node(base.node).op) {
@@ -82,7 +81,6 @@ fn cut(f: &Function, n: NodeIndex) -> Function {
         }
         let node = f.node(base.node);
         let mut value = mini.push_input(inputs, node.name.clone(), f.value_type(base).clone());
-        inputs += 1;
         for &c in chain.iter().rev() {
             let cn = f.node(c);
             value = mini
@@ -92,7 +90,12 @@ fn cut(f: &Function, n: NodeIndex) -> Function {
         operands.push(value);
     }
     let node = f.node(n);
-    let m = mini.add_node(node.op.clone(), node.name.clone(), &operands, node.outputs.clone());
+    let m = mini.add_node(
+        node.op.clone(),
+        node.name.clone(),
+        &operands,
+        node.outputs.clone(),
+    );
     for k in 0..node.outputs.len() {
         mini.results.push((
             format!("out{k}"),
@@ -118,12 +121,16 @@ fn inputs(mini: &Function, b: &Bindings, rng: &mut Rng, vocab: u64, context: u64
     let mut ins: Vec<(u64, Tensor)> = Vec::new();
     for n in mini.inputs() {
         let node = mini.node(n);
-        let Op::Input { index } = node.op else { unreachable!() };
+        let Op::Input { index } = node.op else {
+            unreachable!()
+        };
         let ty = &node.outputs[0];
         let shape = dims(ty, b);
         let count: usize = shape.iter().product();
         let t = match (ty.dtype, node.name.as_str()) {
-            (DType::F32, "uniform") => Tensor::f32(shape, (0..count).map(|_| rng.uniform()).collect()),
+            (DType::F32, "uniform") => {
+                Tensor::f32(shape, (0..count).map(|_| rng.uniform()).collect())
+            }
             (DType::F32, "top_p") => Tensor::f32(shape, vec![0.9; count]),
             // greedy and sampled rows alternate
             (DType::F32, "temperature") => {
@@ -143,7 +150,10 @@ fn inputs(mini: &Function, b: &Bindings, rng: &mut Rng, vocab: u64, context: u64
                     .map(|_| bf16::from_f32(rng.uniform() * 4.0 - 2.0).to_f32())
                     .collect(),
             ),
-            _ => Tensor::f32(shape, (0..count).map(|_| rng.uniform() * 4.0 - 2.0).collect()),
+            _ => Tensor::f32(
+                shape,
+                (0..count).map(|_| rng.uniform() * 4.0 - 2.0).collect(),
+            ),
         }
         .unwrap();
         ins.push((index, t));
@@ -154,14 +164,24 @@ fn inputs(mini: &Function, b: &Bindings, rng: &mut Rng, vocab: u64, context: u64
 
 fn to_bytes(t: &Tensor, dtype: DType) -> Vec<u8> {
     match dtype {
-        DType::I64 => t.as_i64().unwrap().iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::I64 => t
+            .as_i64()
+            .unwrap()
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
         DType::BF16 => t
             .as_f32()
             .unwrap()
             .iter()
             .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
             .collect(),
-        DType::F32 => t.as_f32().unwrap().iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F32 => t
+            .as_f32()
+            .unwrap()
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
         d => panic!("no {d} tensors in the harness"),
     }
 }
@@ -206,7 +226,9 @@ impl Device {
             (12, 0) => Target::Sm120a,
             cc => panic!("no target for compute capability {cc:?}"),
         };
-        let compiler = nvcc::find(None).unwrap().expect("nvcc on PATH or $GLMC_NVCC");
+        let compiler = nvcc::find(None)
+            .unwrap()
+            .expect("nvcc on PATH or $GLMC_NVCC");
         Device {
             gpu,
             target,
@@ -236,9 +258,13 @@ fn run_on_gpu(
     let lowered = lower_module(module, dev.target, limits).unwrap();
     let phase = lowered.phases[0].clone();
     let source = render::render(&lowered.kernels).unwrap();
-    let compiled =
-        nvcc::compile(&dev.compiler, &source, dev.target, nvcc::default_cache_dir().as_deref())
-            .unwrap();
+    let compiled = nvcc::compile(
+        &dev.compiler,
+        &source,
+        dev.target,
+        nvcc::default_cache_dir().as_deref(),
+    )
+    .unwrap();
     let gpu = &dev.gpu;
     let mut kernels = gpu.load(&compiled.cubin).unwrap();
     let arena = gpu.alloc(phase.arena_bytes as usize).unwrap();
@@ -249,7 +275,9 @@ fn run_on_gpu(
     let mut input_bufs = Vec::new();
     for (i, (_, at)) in phase.inputs.iter().enumerate() {
         let buf = gpu.upload(&to_bytes(&ins[i], at.dtype)).unwrap();
-        let Buf::Input(index) = at.buf else { unreachable!() };
+        let Buf::Input(index) = at.buf else {
+            unreachable!()
+        };
         memory.inputs.insert(index, gpu.address(&buf));
         input_bufs.push((index, buf));
     }
@@ -268,13 +296,19 @@ fn run_on_gpu(
     gpu.synchronize().unwrap();
     let seconds_per_run = time_it.then(|| {
         let reps = 20;
-        let start = gpu.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+        let start = gpu
+            .stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
         for _ in 0..reps {
             for l in &launches {
                 launch(gpu, &mut kernels, l, &memory, b).unwrap();
             }
         }
-        let end = gpu.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+        let end = gpu
+            .stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
         end.synchronize().unwrap();
         start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / reps as f64
     });
@@ -314,8 +348,10 @@ fn compare(gpu: &[f64], reference: &[f64], dtype: DType) -> Result<f64, String> 
             DType::BF16 => 2f64.powi(-8) * r.abs() + 2f64.powi(-9) * scale,
             _ => 0.0,
         };
-        if !(d <= bound) {
-            return Err(format!("element {i}: gpu {g} vs interpreter {r} (bound {bound:e})"));
+        if d.is_nan() || d > bound {
+            return Err(format!(
+                "element {i}: gpu {g} vs interpreter {r} (bound {bound:e})"
+            ));
         }
         worst = worst.max(d / scale.max(1e-30));
     }
@@ -369,8 +405,14 @@ fn check_node(
         let operand = views.operands(last)[0];
         views.graph.remove_node(last);
         views.results = vec![("new".into(), operand)];
-        let new_rows = run_function(&mini_module, &views, &std::collections::HashMap::new(), &mut [], &ins)
-            .map_err(|e| format!("interpreter: {e}"))?;
+        let new_rows = run_function(
+            &mini_module,
+            &views,
+            &std::collections::HashMap::new(),
+            &mut [],
+            &ins,
+        )
+        .map_err(|e| format!("interpreter: {e}"))?;
         let new = new_rows[0].as_f32().unwrap();
         let pos = ins[1].as_i64().unwrap();
         let row = new.len() / pos.len();
@@ -387,14 +429,27 @@ fn check_node(
                     _ => f32::from_le_bytes(raw.try_into().unwrap()),
                 };
                 if got != new[i * row + j] {
-                    return Err(format!("row {i} col {j}: cache holds {got}, wrote {}", new[i * row + j]));
+                    return Err(format!(
+                        "row {i} col {j}: cache holds {got}, wrote {}",
+                        new[i * row + j]
+                    ));
                 }
             }
         }
-        return Ok(format!("{} rows exact via {}", pos.len(), kernels.join(",")));
+        return Ok(format!(
+            "{} rows exact via {}",
+            pos.len(),
+            kernels.join(",")
+        ));
     }
-    let reference = run_function(&mini_module, &mini, &std::collections::HashMap::new(), &mut [], &ins)
-        .map_err(|e| format!("interpreter: {e}"))?;
+    let reference = run_function(
+        &mini_module,
+        &mini,
+        &std::collections::HashMap::new(),
+        &mut [],
+        &ins,
+    )
+    .map_err(|e| format!("interpreter: {e}"))?;
     let mut worst = 0f64;
     for ((_, at), r) in run.phase.results.iter().zip(&reference) {
         let gpu = gather(&bytes_of(&run, at), at, &b);
@@ -419,7 +474,11 @@ fn every_kernel_instance_matches_the_interpreter() {
         let config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
         for f in &module.functions {
             let lowered = lower_module(&module, dev.target, limits_for(&f.name)).unwrap();
-            let phase = lowered.phases.iter().find(|p| p.function == f.name).unwrap();
+            let phase = lowered
+                .phases
+                .iter()
+                .find(|p| p.function == f.name)
+                .unwrap();
             // One node per distinct kernel (plus every concat that copies), checked on its own.
             let mut seen = std::collections::HashSet::new();
             for step in &phase.steps {
@@ -442,7 +501,12 @@ fn every_kernel_instance_matches_the_interpreter() {
         }
     }
     std::fs::write(out_dir().join("harness.txt"), &report).unwrap();
-    assert!(failures.is_empty(), "{} kernels failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} kernels failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// The GPU's `sample.top_p` follows the nucleus distribution (the CPU test's statistical check),
@@ -454,18 +518,35 @@ fn every_kernel_instance_matches_the_interpreter() {
 fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
     let dev = Device::open();
     let mut rng = Rng(77);
-    let peaked: Vec<f32> = vec![1.0, 2.5, -0.5, 0.3, 1.7, 2.2, -1.2, 0.9, 1.1, -2.0, 0.0, 1.4];
+    let peaked: Vec<f32> = vec![
+        1.0, 2.5, -0.5, 0.3, 1.7, 2.2, -1.2, 0.9, 1.1, -2.0, 0.0, 1.4,
+    ];
     let flat: Vec<f32> = (0..4096).map(|_| rng.uniform() * 2.0 - 1.0).collect();
     let mut report = String::new();
     for (name, row, draws, temperature, top_p) in [
-        ("peaked, 12 tokens, T=2, top-p 0.9 (sorted path)", &peaked, 200_000usize, 2.0f32, 0.9f32),
-        ("flat, 4096 tokens, T=1, top-p 0.5 (bisection path)", &flat, 20_000, 1.0, 0.5),
+        (
+            "peaked, 12 tokens, T=2, top-p 0.9 (sorted path)",
+            &peaked,
+            200_000usize,
+            2.0f32,
+            0.9f32,
+        ),
+        (
+            "flat, 4096 tokens, T=1, top-p 0.5 (bisection path)",
+            &flat,
+            20_000,
+            1.0,
+            0.5,
+        ),
         ("greedy, T=0", &peaked, 200_000, 0.0, 0.9),
     ] {
         let ids = sample_on_gpu(&dev, row, draws, temperature, top_p, false).0;
         if temperature == 0.0 {
             let best = sampling::argmax(row).unwrap() as i64;
-            assert!(ids.iter().all(|&i| i == best), "{name}: a greedy draw was not the argmax");
+            assert!(
+                ids.iter().all(|&i| i == best),
+                "{name}: a greedy draw was not the argmax"
+            );
             writeln!(report, "{name}: all {draws} draws were the argmax").unwrap();
         } else {
             let expected = sampling::nucleus_probabilities(row, temperature, top_p);
@@ -515,17 +596,25 @@ fn sample_on_gpu(
     let t = f.push_input(1, "temperature", vec_of(DType::F32));
     let p = f.push_input(2, "top_p", vec_of(DType::F32));
     let u = f.push_input(3, "uniform", vec_of(DType::F32));
-    let s = f.push(Op::SampleTopP {}, "next_token", &[logits, t, p, u]).unwrap();
+    let s = f
+        .push(Op::SampleTopP {}, "next_token", &[logits, t, p, u])
+        .unwrap();
     f.results.push(("next_token".into(), s.into()));
     let mut module = Module::new("sampling");
     module.functions.push(f);
     let ins = vec![
-        Tensor::f32(vec![draws, v], row.iter().cycle().take(draws * v).copied().collect()).unwrap(),
+        Tensor::f32(
+            vec![draws, v],
+            row.iter().cycle().take(draws * v).copied().collect(),
+        )
+        .unwrap(),
         Tensor::f32(vec![draws], vec![temperature; draws]).unwrap(),
         Tensor::f32(vec![draws], vec![top_p; draws]).unwrap(),
         Tensor::f32(
             vec![draws],
-            (0..draws as u64).map(|r| sampling::uniform(7, 0, r)).collect(),
+            (0..draws as u64)
+                .map(|r| sampling::uniform(7, 0, r))
+                .collect(),
         )
         .unwrap(),
     ];
@@ -568,7 +657,11 @@ fn kernel_bandwidth_at_glm5_sizes() {
             max_context: 4096,
         };
         let lowered = lower_module(&module, dev.target, limits).unwrap();
-        let phase = lowered.phases.iter().find(|p| p.function == f.name).unwrap();
+        let phase = lowered
+            .phases
+            .iter()
+            .find(|p| p.function == f.name)
+            .unwrap();
         let mut seen = std::collections::HashSet::new();
         for l in phase.launches() {
             // the first layer of each kind is enough: later layers launch the same kernels
@@ -579,7 +672,8 @@ fn kernel_bandwidth_at_glm5_sizes() {
             let mini = cut(f, n);
             let mut mm = Module::new("bench");
             if let Op::CacheUpdate { state, .. } = &f.node(n).op {
-                mm.states.insert(state.clone(), module.states[state].clone());
+                mm.states
+                    .insert(state.clone(), module.states[state].clone());
             }
             mm.functions.push(mini.clone());
             let ins = inputs(&mini, &b, &mut rng, 154_880, 4096);

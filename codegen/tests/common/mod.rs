@@ -19,7 +19,8 @@ pub fn repo_root() -> PathBuf {
 pub fn module(file: &str) -> (ModelConfig, Module) {
     let config = ModelConfig::load(&repo_root().join("models").join(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"));
-    let mut module = glmc_models::builder::build(&config, &Default::default()).expect("the shipped config builds");
+    let mut module = glmc_models::builder::build(&config, &Default::default())
+        .expect("the shipped config builds");
     pipeline(&PipelineOptions::default())
         .expect("the default pipeline")
         .run(&mut module)
