@@ -6,7 +6,7 @@ use std::fmt;
 use glmc_ir::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
-use crate::expr::Poly;
+use crate::expr::{Bindings, Poly};
 
 /// The memory a tensor lives in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -72,6 +72,39 @@ impl TensorRef {
 
     pub fn bytes(&self) -> Poly {
         self.numel().scale(self.dtype.size_bytes() as i64)
+    }
+
+    /// The sizes of its axes under `bindings`; `None` when a symbol is unbound.
+    pub fn dims(&self, bindings: &Bindings) -> Option<Vec<usize>> {
+        self.shape
+            .iter()
+            .map(|d| d.eval(bindings).and_then(|v| usize::try_from(v).ok()))
+            .collect()
+    }
+
+    /// The byte offset, from its buffer's base, of every element in row-major order, under
+    /// `bindings`: how a host reads or writes the tensor in a copy of its buffer. `None` when a
+    /// symbol is unbound or an offset is negative.
+    pub fn element_offsets(&self, bindings: &Bindings) -> Option<Vec<u64>> {
+        let dims = self.dims(bindings)?;
+        let strides: Vec<i64> = self
+            .strides
+            .iter()
+            .map(|s| s.eval(bindings))
+            .collect::<Option<_>>()?;
+        let base = self.offset_bytes.eval(bindings)?;
+        let size = self.dtype.size_bytes() as i64;
+        let count: usize = dims.iter().product();
+        (0..count)
+            .map(|mut i| {
+                let mut e = 0i64;
+                for k in (0..dims.len()).rev() {
+                    e += (i % dims[k]) as i64 * strides[k];
+                    i /= dims[k];
+                }
+                u64::try_from(base + e * size).ok()
+            })
+            .collect()
     }
 
     pub fn is_contiguous(&self) -> bool {
@@ -213,6 +246,18 @@ mod tests {
         assert_eq!(rows.stride, Poly::constant(16));
         // A slice of the middle axis leaves rows that do not merge.
         assert!(x.slice(1, 0, 1).rows().is_none());
+    }
+
+    #[test]
+    fn element_offsets_follow_the_strides() {
+        let x = t(&[Dim::sym("s"), Dim::Const(4)]);
+        let b = Bindings::from([("s".to_string(), 2)]);
+        // columns 1..3 of a bf16 [2, 4]: elements (0,1) (0,2) (1,1) (1,2)
+        assert_eq!(
+            x.slice(1, 1, 3).element_offsets(&b),
+            Some(vec![2, 4, 10, 12])
+        );
+        assert_eq!(x.element_offsets(&Bindings::new()), None);
     }
 
     #[test]

@@ -46,31 +46,6 @@ fn elem_size(d: DType) -> usize {
     d.size_bytes() as usize
 }
 
-fn shape_of(at: &TensorRef, b: &Bindings) -> Vec<usize> {
-    at.shape
-        .iter()
-        .map(|d| d.eval(b).unwrap() as usize)
-        .collect()
-}
-
-/// Byte offsets (within the tensor's buffer) of every element, row-major.
-fn element_offsets(at: &TensorRef, b: &Bindings) -> Vec<usize> {
-    let shape = shape_of(at, b);
-    let strides: Vec<i64> = at.strides.iter().map(|s| s.eval(b).unwrap()).collect();
-    let base = at.offset_bytes.eval(b).unwrap();
-    let count: usize = shape.iter().product();
-    (0..count)
-        .map(|mut i| {
-            let mut e = 0i64;
-            for k in (0..shape.len()).rev() {
-                e += (i % shape[k]) as i64 * strides[k];
-                i /= shape[k];
-            }
-            (base + e * at.dtype.size_bytes() as i64) as usize
-        })
-        .collect()
-}
-
 impl Memory {
     fn buffer(&mut self, at: &TensorRef, seq_base: usize) -> (&mut Vec<u8>, usize) {
         match &at.buf {
@@ -92,69 +67,21 @@ impl Memory {
 
     fn read(&mut self, at: &TensorRef, b: &Bindings, prefill: bool) -> Tensor {
         let base = self.seq_base(at, prefill);
-        let offs = element_offsets(at, b);
-        let shape = shape_of(at, b);
+        let offs = at.element_offsets(b).unwrap();
         let (buf, _) = self.buffer(at, base);
-        let size = elem_size(at.dtype);
-        let raw = |o: usize| &buf[base + o..base + o + size];
-        match at.dtype {
-            DType::I64 => Tensor::i64(
-                shape,
-                offs.iter()
-                    .map(|&o| i64::from_le_bytes(raw(o).try_into().unwrap()))
-                    .collect(),
-            ),
-            DType::F32 => Tensor::f32(
-                shape,
-                offs.iter()
-                    .map(|&o| f32::from_le_bytes(raw(o).try_into().unwrap()))
-                    .collect(),
-            ),
-            DType::BF16 => Tensor::f32(
-                shape,
-                offs.iter()
-                    .map(|&o| bf16::from_le_bytes(raw(o).try_into().unwrap()).to_f32())
-                    .collect(),
-            ),
-            d => panic!("no {d} in the shipped models"),
-        }
-        .unwrap()
+        Tensor::from_device_bytes(at.dims(b).unwrap(), at.dtype, &buf[base..], &offs).unwrap()
     }
 
     fn write(&mut self, at: &TensorRef, b: &Bindings, t: &Tensor, prefill: bool) {
         let base = self.seq_base(at, prefill);
-        let offs = element_offsets(at, b);
-        let dtype = at.dtype;
+        let offs = at.element_offsets(b).unwrap();
+        let size = elem_size(at.dtype);
+        let bytes = t.to_bytes(at.dtype).unwrap();
         let (buf, _) = self.buffer(at, base);
-        let bytes = encode(t, dtype);
-        let size = elem_size(dtype);
         for (k, &o) in offs.iter().enumerate() {
-            buf[base + o..base + o + size].copy_from_slice(&bytes[k * size..(k + 1) * size]);
+            let o = base + o as usize;
+            buf[o..o + size].copy_from_slice(&bytes[k * size..(k + 1) * size]);
         }
-    }
-}
-
-fn encode(t: &Tensor, dtype: DType) -> Vec<u8> {
-    match dtype {
-        DType::I64 => t
-            .as_i64()
-            .unwrap()
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        DType::F32 => t
-            .as_f32()
-            .unwrap()
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        DType::BF16 => t
-            .as_f32()
-            .unwrap()
-            .iter()
-            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-            .collect(),
-        d => panic!("no {d} in the shipped models"),
     }
 }
 
@@ -238,7 +165,8 @@ fn execute(
         let Buf::Input(index) = r.buf else {
             unreachable!()
         };
-        mem.inputs.insert(index, encode(&inputs[i], r.dtype));
+        mem.inputs
+            .insert(index, inputs[i].to_bytes(r.dtype).unwrap());
     }
     let mut values: HashMap<Value, Tensor> = HashMap::new();
     for n in f.canonical_order() {
@@ -414,7 +342,7 @@ fn check_model(file: &str) {
                     .iter()
                     .find_map(|f| f.find(k).map(|n| f.node(n).outputs[0].dtype))
                     .unwrap();
-                (k.clone(), encode(t, dtype))
+                (k.clone(), t.to_bytes(dtype).unwrap())
             })
             .collect(),
         states: module

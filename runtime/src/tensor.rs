@@ -39,6 +39,14 @@ pub enum TensorError {
         actual: DType,
         shape: Vec<usize>,
     },
+    #[error("{op}: no {dtype} device layout (f32, bf16 and i64 only)")]
+    DeviceDType { op: &'static str, dtype: DType },
+    #[error("{op}: element at byte {offset} is past the {len} bytes given")]
+    Bytes {
+        op: &'static str,
+        offset: u64,
+        len: usize,
+    },
     #[error("{op}: axis {axis} out of range for shape {shape:?}")]
     Axis {
         op: &'static str,
@@ -119,6 +127,78 @@ impl Tensor {
 
     pub fn i64(shape: Vec<usize>, data: Vec<i64>) -> Result<Tensor, TensorError> {
         Tensor::new(shape, Data::I64(data))
+    }
+
+    /// The elements as a device holds them in `dtype`, little-endian: f32 values rounded to
+    /// nearest-even for bf16.
+    pub fn to_bytes(&self, dtype: DType) -> Result<Vec<u8>, TensorError> {
+        let op = "to_bytes";
+        Ok(match (dtype, &self.data) {
+            (DType::F32, Data::F32(v)) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            (DType::BF16, Data::F32(v)) => v
+                .iter()
+                .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                .collect(),
+            (DType::I64, Data::I64(v)) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            (DType::F32 | DType::BF16 | DType::I64, _) => {
+                return Err(TensorError::DType {
+                    op,
+                    expected: dtype,
+                    actual: self.dtype(),
+                    shape: self.shape.clone(),
+                })
+            }
+            _ => return Err(TensorError::DeviceDType { op, dtype }),
+        })
+    }
+
+    /// A tensor of `shape` whose elements, in row-major order, are the `dtype` values at
+    /// `offsets` (bytes) of `bytes`: how a strided device tensor reads back.
+    pub fn from_device_bytes(
+        shape: Vec<usize>,
+        dtype: DType,
+        bytes: &[u8],
+        offsets: &[u64],
+    ) -> Result<Tensor, TensorError> {
+        let op = "from_device_bytes";
+        let size = dtype.size_bytes() as usize;
+        let element = |o: u64| -> Result<&[u8], TensorError> {
+            let start = usize::try_from(o).ok().filter(|s| s + size <= bytes.len());
+            start
+                .map(|s| &bytes[s..s + size])
+                .ok_or(TensorError::Bytes {
+                    op,
+                    offset: o,
+                    len: bytes.len(),
+                })
+        };
+        let le = |o: u64| -> Result<[u8; 8], TensorError> {
+            let mut b = [0u8; 8];
+            b[..size].copy_from_slice(element(o)?);
+            Ok(b)
+        };
+        let data = match dtype {
+            DType::F32 => Data::F32(
+                offsets
+                    .iter()
+                    .map(|&o| le(o).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                    .collect::<Result<_, _>>()?,
+            ),
+            DType::BF16 => Data::F32(
+                offsets
+                    .iter()
+                    .map(|&o| le(o).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()))
+                    .collect::<Result<_, _>>()?,
+            ),
+            DType::I64 => Data::I64(
+                offsets
+                    .iter()
+                    .map(|&o| le(o).map(i64::from_le_bytes))
+                    .collect::<Result<_, _>>()?,
+            ),
+            _ => return Err(TensorError::DeviceDType { op, dtype }),
+        };
+        Tensor::new(shape, data)
     }
 
     /// An f32 tensor of zeros.

@@ -162,54 +162,19 @@ fn inputs(mini: &Function, b: &Bindings, rng: &mut Rng, vocab: u64, context: u64
     ins.into_iter().map(|(_, t)| t).collect()
 }
 
-fn to_bytes(t: &Tensor, dtype: DType) -> Vec<u8> {
-    match dtype {
-        DType::I64 => t
-            .as_i64()
-            .unwrap()
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        DType::BF16 => t
-            .as_f32()
-            .unwrap()
-            .iter()
-            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-            .collect(),
-        DType::F32 => t
-            .as_f32()
-            .unwrap()
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        d => panic!("no {d} tensors in the harness"),
-    }
-}
-
 /// The elements of `at` (row-major) out of the bytes of its buffer.
 fn gather(bytes: &[u8], at: &TensorRef, b: &Bindings) -> Vec<f64> {
-    let shape: Vec<i64> = at.shape.iter().map(|d| d.eval(b).unwrap()).collect();
-    let strides: Vec<i64> = at.strides.iter().map(|d| d.eval(b).unwrap()).collect();
-    let offset = at.offset_bytes.eval(b).unwrap() as usize;
-    let size = at.dtype.size_bytes() as usize;
-    let count: i64 = shape.iter().product();
-    (0..count)
-        .map(|mut i| {
-            let mut e = 0i64;
-            for k in (0..shape.len()).rev() {
-                e += (i % shape[k]) * strides[k];
-                i /= shape[k];
-            }
-            let p = offset + e as usize * size;
-            let raw = &bytes[p..p + size];
-            match at.dtype {
-                DType::F32 => f32::from_le_bytes(raw.try_into().unwrap()) as f64,
-                DType::BF16 => bf16::from_le_bytes(raw.try_into().unwrap()).to_f64(),
-                DType::I64 => i64::from_le_bytes(raw.try_into().unwrap()) as f64,
-                d => panic!("no {d} outputs in the harness"),
-            }
-        })
-        .collect()
+    let t = Tensor::from_device_bytes(
+        at.dims(b).unwrap(),
+        at.dtype,
+        bytes,
+        &at.element_offsets(b).unwrap(),
+    )
+    .unwrap();
+    match t.as_f32() {
+        Ok(v) => v.iter().map(|x| *x as f64).collect(),
+        Err(_) => t.as_i64().unwrap().iter().map(|x| *x as f64).collect(),
+    }
 }
 
 struct Device {
@@ -274,7 +239,7 @@ fn run_on_gpu(
     };
     let mut input_bufs = Vec::new();
     for (i, (_, at)) in phase.inputs.iter().enumerate() {
-        let buf = gpu.upload(&to_bytes(&ins[i], at.dtype)).unwrap();
+        let buf = gpu.upload(&ins[i].to_bytes(at.dtype).unwrap()).unwrap();
         let Buf::Input(index) = at.buf else {
             unreachable!()
         };

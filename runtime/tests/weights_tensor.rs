@@ -255,3 +255,24 @@ proptest! {
         prop_assert_eq!(Tensor::concat(axis, &pieces).unwrap(), t);
     }
 }
+
+/// What a GPU buffer holds round-trips through the host: bf16 rounds to nearest-even, strided
+/// reads pick the elements at their offsets, and a short buffer is an error, not a panic.
+#[test]
+fn device_bytes_round_trip() {
+    let t = Tensor::f32(vec![2, 2], vec![1.0, 1.00390625, -2.5, 3.0]).unwrap();
+    let bf = t.to_bytes(DType::BF16).unwrap();
+    assert_eq!(bf.len(), 8);
+    let back = Tensor::from_device_bytes(vec![2, 2], DType::BF16, &bf, &[0, 2, 4, 6]).unwrap();
+    // 1 + 2^-8 is a tie between 1 and 1 + 2^-7 in bf16: nearest-even gives 1.
+    assert_eq!(back.as_f32().unwrap(), &[1.0, 1.0, -2.5, 3.0]);
+    let col = Tensor::from_device_bytes(vec![2], DType::BF16, &bf, &[2, 6]).unwrap();
+    assert_eq!(col.as_f32().unwrap(), &[1.0, 3.0]);
+    let ids = Tensor::i64(vec![2], vec![-1, 7]).unwrap();
+    let raw = ids.to_bytes(DType::I64).unwrap();
+    let ids_back = Tensor::from_device_bytes(vec![2], DType::I64, &raw, &[0, 8]).unwrap();
+    assert_eq!(ids_back.as_i64().unwrap(), &[-1, 7]);
+    assert!(Tensor::from_device_bytes(vec![1], DType::F32, &raw[..2], &[0]).is_err());
+    assert!(t.to_bytes(DType::I64).is_err());
+    assert!(t.to_bytes(DType::F8E4M3).is_err());
+}
