@@ -260,7 +260,7 @@ proptest! {
 /// reads pick the elements at their offsets, and a short buffer is an error, not a panic.
 #[test]
 fn device_bytes_round_trip() {
-    let t = Tensor::f32(vec![2, 2], vec![1.0, 1.00390625, -2.5, 3.0]).unwrap();
+    let t = Tensor::f32(vec![2, 2], vec![1.0, 1.0 + 1.0 / 256.0, -2.5, 3.0]).unwrap();
     let bf = t.to_bytes(DType::BF16).unwrap();
     assert_eq!(bf.len(), 8);
     let back = Tensor::from_device_bytes(vec![2, 2], DType::BF16, &bf, &[0, 2, 4, 6]).unwrap();
