@@ -7,27 +7,36 @@
 #
 # The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in $OUT
 # (harness.txt, sampling.txt, bandwidth.md, log.txt) and are recorded in tests/gpu/README.md.
+# The oracle's GPU test runs the `glmc` binary carried in .gpu/ on every fixture.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
 build)
     mkdir -p .gpu
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
-    cargo test --release --locked -p glmc-runtime --test gpu_kernels --no-run --message-format=json |
-        python3 -c 'import json,sys
+    cargo build --release --locked --bin glmc
+    cp target/release/glmc .gpu/glmc
+    # The test binaries with GPU tests, by name: the kernel harness and the oracle.
+    cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle \
+        --no-run --message-format=json |
+        python3 -c 'import json, shutil, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_kernels":
-        print(m["executable"])' |
-        while read -r exe; do cp "$exe" .gpu/gpu_kernels; done
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_kernels", "oracle"):
+        shutil.copy(m["executable"], ".gpu/" + m["target"]["name"])'
     ls -la .gpu
     ;;
 run)
-    export GLMC_REPO="$PWD" GLMC_GPU_OUT="${OUT:-/tmp}" GLMC_CACHE_DIR="${GLMC_CACHE_DIR:-/tmp/glmc-cache}"
+    export GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="${OUT:-/tmp}"
+    export GLMC_CACHE_DIR="${GLMC_CACHE_DIR:-/tmp/glmc-cache}"
     command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     nvcc --version | tail -1
-    .gpu/gpu_kernels --ignored --test-threads=1 --nocapture 2>&1 | tee "$GLMC_GPU_OUT/log.txt"
+    status=0
+    for t in gpu_kernels oracle; do
+        .gpu/$t --ignored --test-threads=1 --nocapture 2>&1 | tee -a "$GLMC_GPU_OUT/log.txt" || status=1
+    done
+    exit $status
     ;;
 *)
     echo "usage: $0 build|run" >&2

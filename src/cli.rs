@@ -153,6 +153,9 @@ pub struct DumpArgs {
 pub enum DeviceArg {
     /// The reference interpreter (f32, multi-threaded).
     Cpu,
+    /// GPU 0: the model is compiled for it on the fly (needs a CUDA compiler, see --nvcc) and
+    /// run from its artifact.
+    Cuda,
 }
 
 #[derive(Args)]
@@ -173,6 +176,9 @@ pub struct RunArgs {
     pub max_new_tokens: usize,
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: DeviceArg,
+    /// With --device cuda: the CUDA compiler (default: $GLMC_NVCC, else nvcc on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub nvcc: Option<PathBuf>,
     /// Sampling temperature; 0 (the default) is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,

@@ -5,13 +5,16 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use glmc_codegen::artifact::Manifest;
+use glmc_codegen::{lower_module, nvcc, render, Limits, Target};
 use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_passes::AttentionChoice;
+use glmc_runtime::cuda::{CudaExecutor, Gpu};
 use glmc_runtime::trace::TraceWriter;
 use glmc_runtime::{generate, Checkpoint, Generator, Sampling};
 use tokenizers::Tokenizer;
 
-use crate::cli::RunArgs;
+use crate::cli::{DeviceArg, RunArgs};
 use crate::compile::{build, Built};
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
@@ -49,7 +52,17 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     sampling.validate()?;
     let eos = eos_ids(&built, &dir)?;
-    let mut generator = Generator::new(&built.module, &checkpoint)?;
+    let mut generator = match args.device {
+        DeviceArg::Cpu => Generator::new(&built.module, &checkpoint)?,
+        DeviceArg::Cuda => {
+            if args.trace.is_some() {
+                bail!("--trace records nodes on the CPU only for now: run it with --device cpu");
+            }
+            let context = prompt.len() + args.max_new_tokens + 1;
+            let exec = cuda_executor(&built, &checkpoint, prompt.len(), context, args)?;
+            Generator::with_executor(Box::new(exec))?
+        }
+    };
     let mut trace = args.trace.as_deref().map(TraceWriter::create).transpose()?;
     let mut hook = |call, node: &glmc_ir::Node, outputs: &[&glmc_runtime::Tensor]| {
         if let Some(t) = trace.as_mut() {
@@ -86,6 +99,59 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Compiles the built model for the GPU present, sized for this run (one sequence, the prompt in
+/// one prefill, `context` tokens), and loads it with the checkpoint's weights.
+fn cuda_executor(
+    built: &Built,
+    checkpoint: &Checkpoint,
+    prompt: usize,
+    context: usize,
+    args: &RunArgs,
+) -> anyhow::Result<CudaExecutor> {
+    let capability = Gpu::open(0)?.compute_capability()?;
+    let target = match capability {
+        (9, 0) => Target::Sm90a,
+        (12, 0) => Target::Sm120a,
+        (12, _) => Target::Sm120,
+        (major, minor) => bail!(
+            "this GPU is sm_{major}{minor}; glmc compiles for sm_90 (H100/H200) and sm_120 (RTX PRO 6000 Blackwell)"
+        ),
+    };
+    let positions = built.config.max_position_embeddings;
+    if context as u64 > positions {
+        bail!(
+            "the prompt and --max-new-tokens reach {context} tokens, past the model's {positions} positions"
+        );
+    }
+    let limits = Limits {
+        max_prefill_tokens: prompt as u64,
+        max_batch: 1,
+        max_context: context as u64,
+    };
+    let lowered = lower_module(&built.module, target, limits)?;
+    let manifest = Manifest::new(&built.module, &lowered, Vec::new(), &built.config);
+    if !manifest.complete {
+        bail!(
+            "{} cannot run on the GPU yet: glmc has no kernels for {} (they land with the next codegen issues); use --device cpu",
+            built.module.name,
+            manifest.missing_ops.join(", ")
+        );
+    }
+    let compiler = nvcc::find(args.nvcc.as_deref())?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "--device cuda compiles kernels for this GPU and found no CUDA compiler: pass --nvcc PATH, set GLMC_NVCC, or put nvcc on PATH (scripts/cuda-toolchain.sh installs the pinned nvcc 13.0)"
+        )
+    })?;
+    let source = render::render(&lowered.kernels)?;
+    let compiled = nvcc::compile(
+        &compiler,
+        &source,
+        target,
+        nvcc::default_cache_dir().as_deref(),
+    )?;
+    Ok(CudaExecutor::load(&manifest, &compiled.cubin, checkpoint)?)
 }
 
 fn weights_dir(args: &RunArgs) -> anyhow::Result<PathBuf> {

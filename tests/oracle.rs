@@ -83,6 +83,15 @@ fn check_cli_against_every_fixture(level: &str, extra: &[&str]) {
     assert!(failures.is_empty(), "{level}:\n{}", failures.join("\n"));
 }
 
+/// The same on the GPU: every fixture compiled for it and run from its artifact (`glmc run
+/// --device cuda`); the fixtures are f32 models, so every kernel runs in f32 and is held to the
+/// interpreter's tolerance.
+#[test]
+#[ignore = "gpu"]
+fn cuda_matches_every_fixture() {
+    check_cli_against_every_fixture("--device cuda", &["--device", "cuda"]);
+}
+
 #[test]
 fn cli_o1_matches_every_fixture() {
     check_cli_against_every_fixture("-O1", &[]);

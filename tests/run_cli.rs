@@ -213,3 +213,28 @@ fn time_passes_lists_every_pass_in_pipeline_order() {
         .unwrap()
         .contains(" ms"));
 }
+
+/// `--device cuda` where there is no NVIDIA driver (CI) exits 2 and says so, before compiling
+/// anything.
+#[test]
+fn cuda_without_a_driver_says_so() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return; // a GPU machine: the GPU tests cover --device cuda there
+    }
+    let out = glmc(&[
+        "run",
+        "tests/oracle/fixtures/sparse",
+        "--prompt-ids",
+        "3,17",
+        "--max-new-tokens",
+        "1",
+        "--device",
+        "cuda",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no NVIDIA driver") && stderr.contains("--device cpu"),
+        "{stderr}"
+    );
+}

@@ -25,6 +25,8 @@ pub enum GenerateError {
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary (0..{vocab})")]
     TokenOutOfRange { id: u64, vocab: usize },
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
     #[error("`{function}` returned {result} of {got}, expected {expected}")]
     BadResult {
         function: &'static str,
@@ -77,7 +79,105 @@ pub fn phase_inputs(
     ]
 }
 
-/// Where a function's results sit.
+/// The two entry functions of a compiled model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseKind {
+    Prefill,
+    Decode,
+}
+
+impl PhaseKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PhaseKind::Prefill => "prefill",
+            PhaseKind::Decode => "decode",
+        }
+    }
+}
+
+/// What runs a model's phases for one sequence: the reference interpreter, or the CUDA executor.
+/// `run`, traces and tests never care which.
+pub trait Executor {
+    /// The names of `phase`'s results, in the order `run` returns them.
+    fn result_names(&self, phase: PhaseKind) -> Vec<String>;
+    /// The vocabulary size, when the model states it.
+    fn vocab(&self) -> Option<usize>;
+    /// Runs `phase` on `inputs` (in argument order, see [`phase_inputs`]) and returns its
+    /// results; the sequence's caches persist from call to call. `trace` is called per node by
+    /// executors that record nodes.
+    fn run(
+        &mut self,
+        phase: PhaseKind,
+        inputs: &[Tensor],
+        call: Call,
+        trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+    ) -> Result<Vec<Tensor>, GenerateError>;
+}
+
+/// The reference interpreter as an [`Executor`].
+pub struct InterpExecutor<'a> {
+    module: &'a Module,
+    weights: &'a dyn WeightSource,
+    interp: Interpreter,
+    cache: SequenceCache,
+}
+
+impl<'a> InterpExecutor<'a> {
+    pub fn new(module: &'a Module, weights: &'a dyn WeightSource) -> InterpExecutor<'a> {
+        InterpExecutor {
+            module,
+            weights,
+            interp: Interpreter::new(),
+            cache: SequenceCache::new(),
+        }
+    }
+
+    fn function(&self, phase: PhaseKind) -> Result<&'a Function, GenerateError> {
+        self.module
+            .function(phase.name())
+            .ok_or(GenerateError::MissingFunction(phase.name()))
+    }
+}
+
+impl Executor for InterpExecutor<'_> {
+    fn result_names(&self, phase: PhaseKind) -> Vec<String> {
+        self.function(phase)
+            .map(|f| f.results.iter().map(|(n, _)| n.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    fn vocab(&self) -> Option<usize> {
+        let f = self.function(PhaseKind::Prefill).ok()?;
+        let (_, logits) = f.results.iter().find(|(n, _)| n == "logits")?;
+        f.value_type(*logits)
+            .shape
+            .last()
+            .and_then(|d| d.as_const())
+            .map(|v| v as usize)
+    }
+
+    fn run(
+        &mut self,
+        phase: PhaseKind,
+        inputs: &[Tensor],
+        call: Call,
+        trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+    ) -> Result<Vec<Tensor>, GenerateError> {
+        let f = self.function(phase)?;
+        let mut hook = |node: &glmc_ir::Node, outputs: &[&Tensor]| trace(call, node, outputs);
+        let hook: &mut TraceFn = &mut hook;
+        Ok(self.interp.run_traced(
+            self.module,
+            f,
+            self.weights,
+            &mut [&mut self.cache],
+            inputs,
+            hook,
+        )?)
+    }
+}
+
+/// Where a phase's results sit.
 #[derive(Clone, Copy)]
 struct Results {
     logits: usize,
@@ -85,11 +185,11 @@ struct Results {
 }
 
 impl Results {
-    fn find(f: &Function, function: &'static str) -> Result<Results, GenerateError> {
+    fn find(names: &[String], function: &'static str) -> Result<Results, GenerateError> {
         let index = |result: &'static str| {
-            f.results
+            names
                 .iter()
-                .position(|(name, _)| name == result)
+                .position(|name| name == result)
                 .ok_or(GenerateError::MissingResult { function, result })
         };
         Ok(Results {
@@ -101,55 +201,52 @@ impl Results {
 
 /// One sequence being generated.
 pub struct Generator<'a> {
-    module: &'a Module,
-    prefill: (&'a Function, Results),
-    decode: (&'a Function, Results),
-    weights: &'a dyn WeightSource,
-    interp: Interpreter,
-    cache: SequenceCache,
+    exec: Box<dyn Executor + 'a>,
+    prefill: Results,
+    decode: Results,
     vocab: Option<usize>,
+    /// Tokens in the sequence's cache.
+    len: usize,
     /// Calls so far: the `step` of the next call's uniform draw.
     calls: u64,
 }
 
 impl<'a> Generator<'a> {
+    /// A generator on the reference interpreter.
     pub fn new(
         module: &'a Module,
         weights: &'a dyn WeightSource,
     ) -> Result<Generator<'a>, GenerateError> {
-        let prefill = module
-            .function("prefill")
-            .ok_or(GenerateError::MissingFunction("prefill"))?;
-        let decode = module
-            .function("decode")
-            .ok_or(GenerateError::MissingFunction("decode"))?;
-        let prefill = (prefill, Results::find(prefill, "prefill")?);
-        let decode = (decode, Results::find(decode, "decode")?);
-        let (f, results) = prefill;
-        let vocab = f
-            .value_type(f.results[results.logits].1)
-            .shape
-            .last()
-            .and_then(|d| d.as_const());
+        for phase in [PhaseKind::Prefill, PhaseKind::Decode] {
+            module
+                .function(phase.name())
+                .ok_or(GenerateError::MissingFunction(phase.name()))?;
+        }
+        Generator::with_executor(Box::new(InterpExecutor::new(module, weights)))
+    }
+
+    /// A generator on any executor.
+    pub fn with_executor(exec: Box<dyn Executor + 'a>) -> Result<Generator<'a>, GenerateError> {
+        let prefill = Results::find(&exec.result_names(PhaseKind::Prefill), "prefill")?;
+        let decode = Results::find(&exec.result_names(PhaseKind::Decode), "decode")?;
+        let vocab = exec.vocab();
         Ok(Generator {
-            module,
+            exec,
             prefill,
             decode,
-            weights,
-            interp: Interpreter::new(),
-            cache: SequenceCache::new(),
-            vocab: vocab.map(|v| v as usize),
+            vocab,
+            len: 0,
             calls: 0,
         })
     }
 
     /// Tokens in the cache so far.
     pub fn len(&self) -> usize {
-        self.cache.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
+        self.len == 0
     }
 
     fn check_ids(&self, ids: &[u64]) -> Result<(), GenerateError> {
@@ -173,14 +270,13 @@ impl<'a> Generator<'a> {
             return Err(GenerateError::EmptyPrompt);
         }
         self.check_ids(ids)?;
-        let start = self.cache.len();
+        let start = self.len;
         let call = Call::Prefill {
             start,
             len: ids.len(),
         };
-        let (f, results) = self.prefill;
-        let out = self.run(f, ids, start, sampling, 1, call, trace)?;
-        step(out, results, "prefill", ids.len())
+        let out = self.run(PhaseKind::Prefill, ids, start, sampling, call, trace)?;
+        step(out, self.prefill, "prefill", ids.len())
     }
 
     /// Appends one token through `decode`, drawing the next token with `sampling`.
@@ -191,45 +287,28 @@ impl<'a> Generator<'a> {
         trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
     ) -> Result<Step, GenerateError> {
         self.check_ids(&[id])?;
-        let position = self.cache.len();
-        let (f, results) = self.decode;
-        let out = self.run(
-            f,
-            &[id],
-            position,
-            sampling,
-            1,
-            Call::Decode { position },
-            trace,
-        )?;
-        step(out, results, "decode", 1)
+        let position = self.len;
+        let call = Call::Decode { position };
+        let out = self.run(PhaseKind::Decode, &[id], position, sampling, call, trace)?;
+        step(out, self.decode, "decode", 1)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
-        f: &Function,
+        phase: PhaseKind,
         ids: &[u64],
         start: usize,
         sampling: &Sampling,
-        sampled_rows: usize,
         call: Call,
         trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
     ) -> Result<Vec<Tensor>, GenerateError> {
         let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
         let positions: Vec<i64> = (start..start + ids.len()).map(|p| p as i64).collect();
-        let inputs = phase_inputs(&ids, &positions, sampling, self.calls, sampled_rows);
+        let inputs = phase_inputs(&ids, &positions, sampling, self.calls, 1);
         self.calls += 1;
-        let mut hook = |node: &glmc_ir::Node, outputs: &[&Tensor]| trace(call, node, outputs);
-        let hook: &mut TraceFn = &mut hook;
-        Ok(self.interp.run_traced(
-            self.module,
-            f,
-            self.weights,
-            &mut [&mut self.cache],
-            &inputs,
-            hook,
-        )?)
+        let out = self.exec.run(phase, &inputs, call, trace)?;
+        self.len += ids.len();
+        Ok(out)
     }
 }
 

@@ -14,7 +14,10 @@ pub use interp::{
 };
 pub mod generate;
 pub mod sampling;
-pub use generate::{generate, phase_inputs, Call, GenerateError, Generation, Generator, Step};
+pub use generate::{
+    generate, phase_inputs, Call, Executor, GenerateError, Generation, Generator, InterpExecutor,
+    PhaseKind, Step,
+};
 pub use sampling::{Sampling, SamplingError};
 pub mod cuda;
 pub mod trace;

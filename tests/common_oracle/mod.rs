@@ -28,8 +28,16 @@ pub const TOL: f64 = 1e-4;
 /// How many fixture cases the README lists; a missing directory must not pass silently.
 pub const MIN_CASES: usize = 6;
 
+/// The repository: `$GLMC_REPO` where the tests run away from where they were built (the GPU
+/// machine), else where they were built.
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("GLMC_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 pub fn fixtures_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/fixtures")
+    repo_root().join("tests/oracle/fixtures")
 }
 
 /// Every fixture directory, sorted by name; fails when there are fewer than [`MIN_CASES`].
@@ -400,11 +408,14 @@ impl Dump {
     }
 }
 
-/// `glmc ARGS` with a stable environment.
+/// `glmc ARGS` with a stable environment: the binary cargo built, or `$GLMC_BIN`.
 pub fn glmc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glmc"))
+    let bin = std::env::var_os("GLMC_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_glmc")));
+    Command::new(bin)
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(repo_root())
         .env("RUST_BACKTRACE", "0")
         .env("NO_COLOR", "1")
         .output()

@@ -24,6 +24,8 @@ pub enum CudaError {
         #[source]
         source: DriverError,
     },
+    #[error("{0}")]
+    Artifact(String),
     #[error("launch of {kernel} for \"{node}\": {why}")]
     Launch {
         kernel: String,
@@ -95,6 +97,19 @@ impl Gpu {
 
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.stream.synchronize().map_err(driver("synchronizing"))
+    }
+
+    /// `len` bytes from device address `address`, after the work queued so far.
+    pub fn read_bytes(&self, address: u64, len: usize) -> Result<Vec<u8>, CudaError> {
+        self.synchronize()?;
+        let mut host = vec![0u8; len];
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        // SAFETY: `host` holds `len` bytes; the caller names device memory it owns.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, address) }
+            .map_err(driver(format!("reading {len} bytes back")))?;
+        Ok(host)
     }
 
     /// The device address of `buf`'s first byte.
@@ -213,3 +228,6 @@ pub fn launch(
     )))?;
     Ok(())
 }
+
+mod executor;
+pub use executor::CudaExecutor;

@@ -1,0 +1,273 @@
+//! The CUDA executor: runs a compiled artifact's phases on one GPU, for one sequence.
+//!
+//! It reads only what the artifact holds (the manifest and the cubin) and the weights: every
+//! weight is made by its recipe and uploaded once, the caches and one arena (the larger phase's)
+//! are allocated once, and each call uploads its inputs, runs the phase's launches in order and
+//! reads back its results.
+
+use cudarc::driver::CudaSlice;
+use glmc_codegen::artifact::Manifest;
+use glmc_codegen::expr::Bindings;
+use glmc_codegen::layout::{Buf, TensorRef};
+use glmc_codegen::schedule::Phase;
+
+use super::{launch, CudaError, Gpu, Kernels, Memory};
+use crate::generate::{Call, Executor, GenerateError, PhaseKind};
+use crate::interp::WeightSource;
+use crate::tensor::Tensor;
+
+/// A loaded artifact on one GPU.
+pub struct CudaExecutor {
+    gpu: Gpu,
+    kernels: Kernels,
+    prefill: Phase,
+    decode: Phase,
+    vocab: Option<usize>,
+    max: glmc_codegen::Limits,
+    memory: Memory,
+    // The allocations `memory` points into: they live as long as the executor.
+    _arena: CudaSlice<u8>,
+    _weights: Vec<CudaSlice<u8>>,
+    _states: Vec<CudaSlice<u8>>,
+}
+
+fn artifact_error(why: impl Into<String>) -> CudaError {
+    CudaError::Artifact(why.into())
+}
+
+/// `sm_120a` → (12, 0).
+fn arch_capability(arch: &str) -> Option<(i32, i32)> {
+    let digits: String = arch
+        .trim_start_matches("sm_")
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    let n: i32 = digits.parse().ok()?;
+    Some((n / 10, n % 10))
+}
+
+impl CudaExecutor {
+    /// Loads `manifest` and `cubin` on GPU 0 with weights from `weights`.
+    pub fn load<C>(
+        manifest: &Manifest<C>,
+        cubin: &[u8],
+        weights: &dyn WeightSource,
+    ) -> Result<CudaExecutor, GenerateError> {
+        if !manifest.complete {
+            return Err(artifact_error(format!(
+                "the artifact is incomplete (no kernels yet for {}): it cannot run",
+                manifest.missing_ops.join(", ")
+            ))
+            .into());
+        }
+        let gpu = Gpu::open(0)?;
+        let have = gpu.compute_capability()?;
+        let want = arch_capability(&manifest.arch)
+            .ok_or_else(|| artifact_error(format!("unknown architecture {}", manifest.arch)))?;
+        // Plain sm_120 code runs on every 12.x GPU (sm_121, GB10, too); `a` code only on its own.
+        let runs = have == want || (manifest.arch == "sm_120" && have.0 == 12);
+        if !runs {
+            let target = match have {
+                (9, 0) => "sm90a",
+                (12, 0) => "sm120",
+                _ => "the target of this GPU",
+            };
+            return Err(artifact_error(format!(
+                "the artifact is {}, this GPU is sm_{}{}: recompile with --target {target}",
+                manifest.arch, have.0, have.1
+            ))
+            .into());
+        }
+        let phase = |name: &str| {
+            manifest
+                .phases
+                .iter()
+                .find(|p| p.function == name)
+                .cloned()
+                .ok_or_else(|| artifact_error(format!("the manifest has no `{name}` phase")))
+        };
+        let (prefill, decode) = (phase("prefill")?, phase("decode")?);
+        let kernels = gpu.load(cubin)?;
+        let arena = gpu.alloc(prefill.arena_bytes.max(decode.arena_bytes) as usize)?;
+        let mut memory = Memory {
+            arena: gpu.address(&arena),
+            ..Default::default()
+        };
+        let mut held = Vec::with_capacity(manifest.weights.len());
+        for w in &manifest.weights {
+            let t = weights.weight(&w.name, &w.recipe)?;
+            let bytes = t.to_bytes(w.dtype).map_err(|e| {
+                artifact_error(format!("weight \"{}\" as {}: {e}", w.name, w.dtype))
+            })?;
+            let buf = gpu.upload(&bytes)?;
+            memory.weights.insert(w.name.clone(), gpu.address(&buf));
+            held.push(buf);
+        }
+        let mut states = Vec::with_capacity(manifest.states.len());
+        for s in &manifest.states {
+            let row: u64 = s.row.iter().product();
+            let buf =
+                gpu.alloc((s.max_batch * s.max_context * row * s.dtype.size_bytes()) as usize)?;
+            memory.states.insert(s.name.clone(), gpu.address(&buf));
+            states.push(buf);
+        }
+        let vocab = prefill
+            .results
+            .iter()
+            .find(|(n, _)| n == "logits")
+            .and_then(|(_, r)| r.shape.last())
+            .and_then(|d| d.as_const())
+            .map(|v| v as usize);
+        Ok(CudaExecutor {
+            gpu,
+            kernels,
+            prefill,
+            decode,
+            vocab,
+            max: manifest.limits,
+            memory,
+            _arena: arena,
+            _weights: held,
+            _states: states,
+        })
+    }
+
+    fn phase(&self, kind: PhaseKind) -> &Phase {
+        match kind {
+            PhaseKind::Prefill => &self.prefill,
+            PhaseKind::Decode => &self.decode,
+        }
+    }
+
+    /// The sizes of this call, checked against what the artifact was planned for.
+    fn bindings(&self, kind: PhaseKind, inputs: &[Tensor]) -> Result<Bindings, CudaError> {
+        let rows = inputs.first().map(Tensor::numel).unwrap_or(0) as u64;
+        let positions = inputs
+            .get(1)
+            .and_then(|t| t.as_i64().ok())
+            .ok_or_else(|| artifact_error("the second input must be the positions"))?;
+        let context = positions.iter().max().map_or(0, |&p| p as u64 + 1);
+        if context > self.max.max_context {
+            return Err(artifact_error(format!(
+                "position {} is past the {} tokens of context the artifact was compiled for: recompile with a larger --max-context",
+                context - 1,
+                self.max.max_context
+            )));
+        }
+        Ok(match kind {
+            PhaseKind::Prefill => {
+                if rows > self.max.max_prefill_tokens {
+                    return Err(artifact_error(format!(
+                        "a prefill of {rows} tokens is more than the {} the artifact was compiled for: recompile with a larger --max-prefill-tokens",
+                        self.max.max_prefill_tokens
+                    )));
+                }
+                Bindings::from([("s".to_string(), rows), ("t".to_string(), context)])
+            }
+            PhaseKind::Decode => {
+                if rows > self.max.max_batch {
+                    return Err(artifact_error(format!(
+                        "a decode batch of {rows} is more than the {} the artifact was compiled for",
+                        self.max.max_batch
+                    )));
+                }
+                Bindings::from([("b".to_string(), rows), ("t".to_string(), context)])
+            }
+        })
+    }
+
+    /// Reads a result back: the byte range its elements span, then the elements.
+    fn read(&self, at: &TensorRef, bindings: &Bindings) -> Result<Tensor, CudaError> {
+        let offsets = at
+            .element_offsets(bindings)
+            .ok_or_else(|| artifact_error(format!("result {at} is not bound by {bindings:?}")))?;
+        let dims = at.dims(bindings).unwrap_or_default();
+        let (lo, hi) = offsets.iter().fold((u64::MAX, 0), |(lo, hi), &o| {
+            (lo.min(o), hi.max(o + at.dtype.size_bytes()))
+        });
+        if offsets.is_empty() {
+            return Tensor::from_device_bytes(dims, at.dtype, &[], &[])
+                .map_err(|e| artifact_error(e.to_string()));
+        }
+        let base = match &at.buf {
+            Buf::Arena => self.memory.arena,
+            Buf::Input(i) => self.memory.inputs[i],
+            Buf::Weight(w) => self.memory.weights[w],
+            Buf::State(s) => self.memory.states[s],
+        };
+        let bytes = self.gpu.read_bytes(base + lo, (hi - lo) as usize)?;
+        let local: Vec<u64> = offsets.iter().map(|o| o - lo).collect();
+        Tensor::from_device_bytes(dims, at.dtype, &bytes, &local)
+            .map_err(|e| artifact_error(e.to_string()))
+    }
+}
+
+impl Executor for CudaExecutor {
+    fn result_names(&self, phase: PhaseKind) -> Vec<String> {
+        self.phase(phase)
+            .results
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    fn vocab(&self) -> Option<usize> {
+        self.vocab
+    }
+
+    fn run(
+        &mut self,
+        kind: PhaseKind,
+        inputs: &[Tensor],
+        _call: Call,
+        _trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+    ) -> Result<Vec<Tensor>, GenerateError> {
+        let bindings = self.bindings(kind, inputs)?;
+        let phase = self.phase(kind).clone();
+        if phase.inputs.len() != inputs.len() {
+            return Err(artifact_error(format!(
+                "@{} takes {} inputs, {} given",
+                phase.function,
+                phase.inputs.len(),
+                inputs.len()
+            ))
+            .into());
+        }
+        let mut uploads = Vec::with_capacity(inputs.len());
+        for ((name, at), t) in phase.inputs.iter().zip(inputs) {
+            let Buf::Input(index) = at.buf else {
+                return Err(artifact_error(format!("input {name} is not an argument")).into());
+            };
+            let bytes = t
+                .to_bytes(at.dtype)
+                .map_err(|e| artifact_error(format!("input {name}: {e}")))?;
+            let buf = self.gpu.upload(&bytes)?;
+            self.memory.inputs.insert(index, self.gpu.address(&buf));
+            uploads.push(buf);
+        }
+        for l in phase.launches() {
+            launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+        }
+        self.gpu.synchronize()?;
+        let results = phase
+            .results
+            .iter()
+            .map(|(_, at)| self.read(at, &bindings))
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(uploads);
+        Ok(results)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn architectures_map_to_compute_capabilities() {
+        assert_eq!(arch_capability("sm_90a"), Some((9, 0)));
+        assert_eq!(arch_capability("sm_120a"), Some((12, 0)));
+        assert_eq!(arch_capability("sm_120"), Some((12, 0)));
+        assert_eq!(arch_capability("compute"), None);
+    }
+}
