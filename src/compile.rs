@@ -154,7 +154,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     }
     if !manifest.complete {
         notes.push(format!(
-            "note: the artifact is incomplete and cannot run yet: no kernels for {} (GEMMs, attention, the indexer and MoE land with the next codegen issues)",
+            "note: the artifact is incomplete and cannot run yet: no kernels for {} (ir/*.lowered.txt says why for each node)",
             manifest.missing_ops.join(", ")
         ));
     }

@@ -25,6 +25,15 @@ const SAMPLE_THREADS: u32 = 1024;
 /// Candidates the top-p kernel sorts in shared memory (16 KiB): every token with probability at
 /// least 1/this fits, and for a peaked distribution they hold the whole nucleus.
 const NUCLEUS_CAP: u32 = 2048;
+/// Rows and columns of the baseline GEMM's output tile (its template fixes them, with 256
+/// threads).
+const GEMM_TILE: u64 = 64;
+/// Threads of the baseline attention kernel (one block per query row and head).
+const ATTENTION_THREADS: u32 = 128;
+/// Keys per block of `dsa.score`.
+const SCORE_TILE: u64 = 128;
+/// What a kernel may allocate statically (the launches pass no dynamic shared memory).
+const STATIC_SHARED_LIMIT: u64 = 48 * 1024;
 
 /// A kernel specialisation before it is named.
 #[derive(Clone, Debug)]
@@ -225,14 +234,52 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::CacheUpdate { batched, .. } => cache_update(cx, *batched),
         Op::SampleArgmax {} => sample(cx, false),
         Op::SampleTopP {} => sample(cx, true),
-        Op::Matmul {} | Op::MatmulHeads {} | Op::MatmulRope { .. } => {
-            Err("GEMM kernels land with codegen II".into())
-        }
-        Op::MlaAttend { .. } | Op::MlaAttendAbsorbed { .. } => {
-            Err("attention kernels land with codegen II".into())
-        }
-        Op::DsaScore {} | Op::DsaTopk { .. } => Err("indexer kernels land with codegen II".into()),
-        Op::MoeRoute { .. } | Op::MoeExperts {} => Err("MoE kernels land with codegen II".into()),
+        Op::Matmul {} => matmul(cx, false, None),
+        Op::MatmulHeads {} => matmul(cx, true, None),
+        Op::MatmulRope {
+            end,
+            interleaved,
+            period,
+            start,
+            theta,
+        } => matmul(
+            cx,
+            false,
+            Some(RopeColumns {
+                interleaved: *interleaved,
+                theta: *theta,
+                period: *period,
+                start: *start,
+                end: *end,
+            }),
+        ),
+        Op::MlaAttend {
+            dense_until,
+            scale,
+            sparse,
+        } => attention(cx, false, *sparse, *dense_until, *scale),
+        Op::MlaAttendAbsorbed {
+            dense_until,
+            scale,
+            sparse,
+        } => attention(cx, true, *sparse, *dense_until, *scale),
+        Op::DsaScore {} => dsa_score(cx),
+        Op::DsaTopk { k } => dsa_topk(cx, *k),
+        Op::MoeRoute {
+            n_group,
+            norm_topk_prob,
+            routed_scaling_factor,
+            top_k,
+            topk_group,
+        } => moe_route(
+            cx,
+            *n_group,
+            *topk_group,
+            *top_k,
+            *norm_topk_prob,
+            *routed_scaling_factor,
+        ),
+        Op::MoeExperts {} => moe_experts(cx),
         other => Err(format!("`{}` has no kernel", other.name())),
     }
 }
@@ -579,6 +626,527 @@ fn sample(cx: &NodeCtx, top_p: bool) -> Result<Lowering, String> {
     Ok(k.launch(
         GridDim {
             work: rows.rows,
+            per_block: 1,
+        },
+        args,
+    ))
+}
+
+/// A tensor's leading axes (all but the last `keep`) as rows: `inner` rows `row_stride` apart,
+/// repeated every `outer_stride` elements, which is how a batched cache `[b, t, ..]` whose
+/// sequences lie a capacity apart is addressed. Axes merge where their strides allow.
+struct Lead {
+    rows: Poly,
+    inner: Poly,
+    outer_stride: Poly,
+    row_stride: Poly,
+}
+
+fn lead(r: &TensorRef, keep: usize, what: &str) -> Result<Lead, String> {
+    let rank = r.shape.len();
+    if rank < keep || r.strides[rank - 1] != Poly::constant(1) {
+        return Err(format!("{what} does not end in contiguous rows ({r})"));
+    }
+    // Groups of mergeable axes, innermost first: (extent, stride).
+    let mut groups: Vec<(Poly, Poly)> = Vec::new();
+    for k in (0..rank - keep).rev() {
+        match groups.last_mut() {
+            Some((extent, stride)) if r.strides[k] == extent.mul(stride) => {
+                *extent = extent.mul(&r.shape[k]);
+            }
+            _ => groups.push((r.shape[k].clone(), r.strides[k].clone())),
+        }
+    }
+    match groups.as_slice() {
+        [] => Ok(Lead {
+            rows: Poly::constant(1),
+            inner: Poly::constant(1),
+            outer_stride: Poly::zero(),
+            row_stride: Poly::zero(),
+        }),
+        [(extent, stride)] => Ok(Lead {
+            rows: extent.clone(),
+            inner: extent.clone(),
+            outer_stride: Poly::zero(),
+            row_stride: stride.clone(),
+        }),
+        [(inner, row_stride), (outer, outer_stride)] => Ok(Lead {
+            rows: outer.mul(inner),
+            inner: inner.clone(),
+            outer_stride: outer_stride.clone(),
+            row_stride: row_stride.clone(),
+        }),
+        _ => Err(format!("{what}'s leading axes do not form rows ({r})")),
+    }
+}
+
+/// The leading axes as plain rows `stride` apart (one group, see [`lead`]).
+fn plain_rows(r: &TensorRef, keep: usize, what: &str) -> Result<(Poly, Poly), String> {
+    let l = lead(r, keep, what)?;
+    if l.outer_stride != Poly::zero() {
+        return Err(format!("{what}'s leading axes do not merge into rows ({r})"));
+    }
+    Ok((l.rows, l.row_stride))
+}
+
+fn const_dim(r: &TensorRef, axis: usize, what: &str) -> Result<u64, String> {
+    r.shape[axis]
+        .as_const()
+        .map(|c| c as u64)
+        .ok_or_else(|| format!("{what} has a symbolic axis {axis} ({r})"))
+}
+
+fn positions_ok(p: &TensorRef) -> Result<(), String> {
+    if p.dtype != DType::I64 || !p.is_contiguous() {
+        return Err(format!("positions must be contiguous i64 ({p})"));
+    }
+    Ok(())
+}
+
+/// Columns `start..end` of every block of `period` that `matmul.rope` rotates.
+struct RopeColumns {
+    interleaved: bool,
+    theta: f64,
+    period: u64,
+    start: u64,
+    end: u64,
+}
+
+/// `matmul`, `matmul.heads` (`heads`) and `matmul.rope` (`rope`): the baseline tiled GEMM.
+fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Lowering, String> {
+    let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
+    if !w.is_contiguous() {
+        return Err(format!("the weight is not contiguous ({w})"));
+    }
+    let keep = if heads { 2 } else { 1 };
+    let xl = lead(x, keep, "x")?;
+    let (y_rows, y_row) = plain_rows(y, keep, "the output")?;
+    let (k, n) = (
+        const_dim(w, w.shape.len() - 1, "the weight")?,
+        const_dim(w, w.shape.len() - 2, "the weight")?,
+    );
+    let (h, x_head, y_head) = if heads {
+        let rank = x.shape.len();
+        (
+            const_dim(w, 0, "the weight")?,
+            x.strides[rank - 2].clone(),
+            y.strides[y.shape.len() - 2].clone(),
+        )
+    } else {
+        (1, Poly::zero(), Poly::zero())
+    };
+    if y_rows != xl.rows {
+        return Err(format!("x has {} rows, the output {y_rows}", xl.rows));
+    }
+    let mut cols = n;
+    let mut b = Builder::new("matmul", 256)
+        .param("op", cx.node.op.name())
+        .param("k", k)
+        .param("n", n)
+        .param("heads", h)
+        .param("rope", rope.is_some())
+        .dtype("y_t", y.dtype)?
+        .dtype("x_t", x.dtype)?
+        .dtype("w_t", w.dtype)?
+        .shared(2 * 16 * 68 * 4);
+    let mut args = vec![
+        cx.ptr("y", y),
+        int("y_row", y_row),
+        int("y_head", y_head),
+        cx.ptr("x", x),
+        int("x_outer", xl.outer_stride),
+        int("x_row", xl.row_stride),
+        int("x_inner_rows", xl.inner),
+        int("x_head", x_head),
+        cx.ptr("w", w),
+    ];
+    if let Some(r) = &rope {
+        let fits = r.period > 0
+            && n % r.period == 0
+            && r.start < r.end
+            && r.end <= r.period
+            && (r.end - r.start) % 2 == 0;
+        if !fits {
+            return Err(format!(
+                "rope columns {}..{} of every {} do not fit {n} columns",
+                r.start, r.end, r.period
+            ));
+        }
+        let positions = &cx.operands[2];
+        positions_ok(positions)?;
+        let freqs: Vec<String> = inv_freq(r.theta, r.end - r.start)
+            .iter()
+            .map(|f| format!("{f:e}"))
+            .collect();
+        cols = n / r.period * (r.period + r.period % 2);
+        b = b
+            .param("period", r.period)
+            .param("start", r.start)
+            .param("end", r.end)
+            .param("half", (r.end - r.start) / 2)
+            .param("interleaved", r.interleaved)
+            .param("theta", r.theta)
+            .param("inv_freq", freqs.join(", "));
+        let per_position = Poly::product(&x.shape[1..x.shape.len() - 1]);
+        args.push(cx.ptr("positions", positions));
+        args.push(int("rows_per_position", per_position));
+    }
+    args.push(int("rows", xl.rows.clone()));
+    let col_tiles = cols.div_ceil(GEMM_TILE) * h;
+    Ok(b.launch(
+        GridDim {
+            work: xl
+                .rows
+                .add(&Poly::constant(GEMM_TILE as i64 - 1))
+                .scale(col_tiles as i64),
+            per_block: GEMM_TILE,
+        },
+        args,
+    ))
+}
+
+/// A key/value cache operand `[(b,) t, (H,) d]`: (sequence, key, head) strides and `d`.
+struct Cache {
+    seq: Poly,
+    key: Poly,
+    head: Poly,
+    dim: u64,
+}
+
+fn cache_operand(r: &TensorRef, per_head: bool, what: &str) -> Result<Cache, String> {
+    let tail = if per_head { 2 } else { 1 };
+    let rank = r.shape.len();
+    if (rank != tail + 1 && rank != tail + 2) || r.strides[rank - 1] != Poly::constant(1) {
+        return Err(format!("{what} is not a [(b,) t, {}d] cache ({r})", if per_head { "H, " } else { "" }));
+    }
+    let t_axis = rank - tail - 1;
+    Ok(Cache {
+        seq: if t_axis == 1 { r.strides[0].clone() } else { Poly::zero() },
+        key: r.strides[t_axis].clone(),
+        head: if per_head { r.strides[rank - 2].clone() } else { Poly::zero() },
+        dim: const_dim(r, rank - 1, what)?,
+    })
+}
+
+/// `[n, H, d]` queries or outputs: (row, head) strides and `d`.
+fn per_head_rows(r: &TensorRef, what: &str) -> Result<(Poly, Poly, u64), String> {
+    if r.shape.len() != 3 || r.strides[2] != Poly::constant(1) {
+        return Err(format!("{what} is not [n, H, d] with contiguous d ({r})"));
+    }
+    Ok((r.strides[0].clone(), r.strides[1].clone(), const_dim(r, 2, what)?))
+}
+
+/// `mla.attend` (expanded: per-head keys and values) and `mla.attend.absorbed` (the latent is
+/// both the first key part and the value).
+fn attention(
+    cx: &NodeCtx,
+    absorbed: bool,
+    sparse: bool,
+    dense_until: u64,
+    scale: f64,
+) -> Result<Lowering, String> {
+    let ops = cx.operands;
+    let out = &cx.outputs[0];
+    let (q1, q2) = (&ops[0], &ops[1]);
+    let (k1, k2, v, positions) = if absorbed {
+        (&ops[2], &ops[3], &ops[2], &ops[4])
+    } else {
+        (&ops[2], &ops[3], &ops[4], &ops[5])
+    };
+    let (q1_row, q1_head, d1) = per_head_rows(q1, "the first query part")?;
+    let (q2_row, q2_head, d2) = per_head_rows(q2, "the rope query part")?;
+    let (out_row, out_head, dv) = per_head_rows(out, "the output")?;
+    let heads = const_dim(q1, 1, "the first query part")?;
+    let kc1 = cache_operand(k1, !absorbed, "the first key part")?;
+    let kc2 = cache_operand(k2, false, "the rope key")?;
+    let vc = cache_operand(v, !absorbed, "the values")?;
+    if kc1.dim != d1 || kc2.dim != d2 || vc.dim != dv {
+        return Err(format!(
+            "query dims {d1}+{d2} and output {dv} do not match the caches ({}+{}, {})",
+            kc1.dim, kc2.dim, vc.dim
+        ));
+    }
+    positions_ok(positions)?;
+    let items = dv.div_ceil(ATTENTION_THREADS as u64).max(1);
+    let words = cx.max_context.div_ceil(32).max(1);
+    let mut shared = (d1 + d2 + 32) * 4;
+    let mut b = Builder::new("attention", ATTENTION_THREADS)
+        .param("op", cx.node.op.name())
+        .param("d1", d1)
+        .param("d2", d2)
+        .param("dv", dv)
+        .param("heads", heads)
+        .param("items", items)
+        .param("sparse", sparse)
+        .dtype("out_t", out.dtype)?
+        .dtype("q1_t", q1.dtype)?
+        .dtype("q2_t", q2.dtype)?
+        .dtype("k1_t", k1.dtype)?
+        .dtype("k2_t", k2.dtype)?
+        .dtype("v_t", v.dtype)?;
+    let mut args = vec![
+        cx.ptr("out", out),
+        int("out_row", out_row),
+        int("out_head", out_head),
+        cx.ptr("q1", q1),
+        int("q1_row", q1_row),
+        int("q1_head", q1_head),
+        cx.ptr("q2", q2),
+        int("q2_row", q2_row),
+        int("q2_head", q2_head),
+        cx.ptr("k1", k1),
+        int("k1_seq", kc1.seq),
+        int("k1_key", kc1.key),
+        int("k1_head", kc1.head),
+        cx.ptr("k2", k2),
+        int("k2_seq", kc2.seq),
+        int("k2_key", kc2.key),
+        cx.ptr("v", v),
+        int("v_seq", vc.seq),
+        int("v_key", vc.key),
+        int("v_head", vc.head),
+        cx.ptr("positions", positions),
+    ];
+    if sparse {
+        let topk = &ops[if absorbed { 5 } else { 6 }];
+        if topk.dtype != DType::I64 {
+            return Err(format!("the top-k operand is not i64 ({topk})"));
+        }
+        let (_, topk_row) = plain_rows(topk, 1, "the top-k operand")?;
+        shared += words * 4;
+        b = b
+            .param("topk", const_dim(topk, topk.shape.len() - 1, "the top-k operand")?)
+            .param("dense_until", dense_until)
+            .param("words", words);
+        args.push(cx.ptr("topk", topk));
+        args.push(int("topk_row", topk_row));
+    }
+    if shared > STATIC_SHARED_LIMIT {
+        return Err(format!(
+            "the baseline's query and key bitmap take {shared} bytes of static shared memory (at most {STATIC_SHARED_LIMIT}): a context of {} is too long for it",
+            cx.max_context
+        ));
+    }
+    let rows = out.shape[0].clone();
+    args.push(int("rows", rows.clone()));
+    args.push(float("scale", scale));
+    Ok(b.shared(shared as u32).launch(
+        GridDim {
+            work: rows.scale(heads as i64),
+            per_block: 1,
+        },
+        args,
+    ))
+}
+
+fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
+    let out = &cx.outputs[0];
+    let (q, w, k, positions) = (&cx.operands[0], &cx.operands[1], &cx.operands[2], &cx.operands[3]);
+    let (q_row, q_head, dim) = per_head_rows(q, "q")?;
+    let heads = const_dim(q, 1, "q")?;
+    let (_, w_row) = plain_rows(w, 1, "w")?;
+    let (rows, out_row) = plain_rows(out, 1, "the scores")?;
+    let kc = cache_operand(k, false, "k")?;
+    if kc.dim != dim {
+        return Err(format!("q has {dim} dims, the keys {}", kc.dim));
+    }
+    positions_ok(positions)?;
+    let shared = heads * (dim + 1) * 4 + heads * 4;
+    if shared > STATIC_SHARED_LIMIT {
+        return Err(format!(
+            "{heads} indexer heads of {dim} take {shared} bytes of shared memory (at most {STATIC_SHARED_LIMIT})"
+        ));
+    }
+    let keys = out.shape[1].clone();
+    let b = Builder::new("dsa_score", 256)
+        .param("heads", heads)
+        .param("dim", dim)
+        .param("tile", SCORE_TILE)
+        .dtype("q_t", q.dtype)?
+        .dtype("w_t", w.dtype)?
+        .dtype("k_t", k.dtype)?
+        .shared(shared as u32);
+    if out.dtype != DType::F32 {
+        return Err(format!("scores must be f32 ({out})"));
+    }
+    let args = vec![
+        cx.ptr("out", out),
+        int("out_row", out_row),
+        cx.ptr("q", q),
+        int("q_row", q_row),
+        int("q_head", q_head),
+        cx.ptr("w", w),
+        int("w_row", w_row),
+        cx.ptr("k", k),
+        int("k_seq", kc.seq),
+        int("k_key", kc.key),
+        cx.ptr("positions", positions),
+        int("rows", rows.clone()),
+        int("keys", keys.clone()),
+    ];
+    Ok(b.launch(
+        GridDim {
+            work: rows.mul(&keys.add(&Poly::constant(SCORE_TILE as i64 - 1))),
+            per_block: SCORE_TILE,
+        },
+        args,
+    ))
+}
+
+fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
+    let (out, scores, positions) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
+    if scores.dtype != DType::F32 || out.dtype != DType::I64 {
+        return Err(format!("scores must be f32 and the result i64 ({scores}, {out})"));
+    }
+    positions_ok(positions)?;
+    let (rows, scores_row) = plain_rows(scores, 1, "the scores")?;
+    let (_, out_row) = plain_rows(out, 1, "the result")?;
+    if k == 0 || k > u32::MAX as u64 {
+        return Err(format!("k = {k}"));
+    }
+    let pow2 = k.next_power_of_two();
+    let shared = pow2 * 8 + 256 * 4 + 32 * 4 + 12;
+    if shared > STATIC_SHARED_LIMIT {
+        return Err(format!(
+            "top-{k} sorts {pow2} keys in {shared} bytes of shared memory (at most {STATIC_SHARED_LIMIT})"
+        ));
+    }
+    let b = Builder::new("dsa_topk", 1024)
+        .param("k", k)
+        .param("pow2", pow2)
+        .shared(shared as u32);
+    let args = vec![
+        cx.ptr("out", out),
+        int("out_row", out_row),
+        cx.ptr("scores", scores),
+        int("scores_row", scores_row),
+        cx.ptr("positions", positions),
+        int("rows", rows.clone()),
+    ];
+    Ok(b.launch(
+        GridDim {
+            work: rows,
+            per_block: 1,
+        },
+        args,
+    ))
+}
+
+fn moe_route(
+    cx: &NodeCtx,
+    groups: u64,
+    keep: u64,
+    top_k: u64,
+    normalise: bool,
+    scaling: f64,
+) -> Result<Lowering, String> {
+    let (weights, experts) = (&cx.outputs[0], &cx.outputs[1]);
+    let (logits, bias) = (&cx.operands[0], &cx.operands[1]);
+    let (rows, logits_row) = plain_rows(logits, 1, "the logits")?;
+    let e = const_dim(logits, logits.shape.len() - 1, "the logits")?;
+    if !bias.is_contiguous() {
+        return Err(format!("the bias is not contiguous ({bias})"));
+    }
+    if groups == 0 || e % groups != 0 || keep == 0 || keep > groups || top_k == 0 || top_k > keep * (e / groups) {
+        return Err(format!(
+            "{e} experts in {groups} groups keeping {keep} cannot give {top_k}"
+        ));
+    }
+    if weights.dtype != DType::F32 || experts.dtype != DType::I64 {
+        return Err(format!("weights must be f32 and experts i64 ({weights}, {experts})"));
+    }
+    let (_, weights_row) = plain_rows(weights, 1, "the weights")?;
+    let (_, experts_row) = plain_rows(experts, 1, "the experts")?;
+    let shared = 2 * e * 8 + groups * 8 + top_k * 4;
+    if shared > STATIC_SHARED_LIMIT {
+        return Err(format!("{e} experts take {shared} bytes of shared memory"));
+    }
+    let b = Builder::new("moe_route", 32)
+        .param("experts", e)
+        .param("groups", groups)
+        .param("keep", keep)
+        .param("top_k", top_k)
+        .param("normalise", normalise)
+        .param("scaling", format!("{scaling:e}"))
+        .dtype("logits_t", logits.dtype)?
+        .dtype("bias_t", bias.dtype)?
+        .shared(shared as u32);
+    let args = vec![
+        cx.ptr("weights", weights),
+        int("weights_row", weights_row),
+        cx.ptr("experts", experts),
+        int("experts_row", experts_row),
+        cx.ptr("logits", logits),
+        int("logits_row", logits_row),
+        cx.ptr("bias", bias),
+        int("rows", rows.clone()),
+    ];
+    Ok(b.launch(
+        GridDim {
+            work: rows,
+            per_block: 1,
+        },
+        args,
+    ))
+}
+
+fn moe_experts(cx: &NodeCtx) -> Result<Lowering, String> {
+    let y = &cx.outputs[0];
+    let [x, weights, experts, gate, up, down] = cx.operands else {
+        return Err("moe.experts takes six operands".into());
+    };
+    let (rows, x_row) = plain_rows(x, 1, "x")?;
+    let (_, y_row) = plain_rows(y, 1, "the output")?;
+    let (_, weights_row) = plain_rows(weights, 1, "the weights")?;
+    let (_, experts_row) = plain_rows(experts, 1, "the experts")?;
+    if experts.dtype != DType::I64 {
+        return Err(format!("the experts are not i64 ({experts})"));
+    }
+    if !(gate.is_contiguous() && up.is_contiguous() && down.is_contiguous()) || gate.shape.len() != 3 {
+        return Err("the expert weights must be contiguous [E, I, D] / [E, D, I]".into());
+    }
+    let (e, inter, dim) = (
+        const_dim(gate, 0, "gate")?,
+        const_dim(gate, 1, "gate")?,
+        const_dim(gate, 2, "gate")?,
+    );
+    let top_k = const_dim(weights, weights.shape.len() - 1, "the weights")?;
+    let shared = dim * x.dtype.size_bytes() + inter * 4 + dim * 4;
+    if shared > STATIC_SHARED_LIMIT {
+        return Err(format!(
+            "a token's input, activation and output take {shared} bytes of shared memory (at most {STATIC_SHARED_LIMIT})"
+        ));
+    }
+    let b = Builder::new("moe_experts", 1024)
+        .param("dim", dim)
+        .param("inter", inter)
+        .param("top_k", top_k)
+        .param("experts", e)
+        .param("shared", shared)
+        .dtype("y_t", y.dtype)?
+        .dtype("x_t", x.dtype)?
+        .dtype("w_t", weights.dtype)?
+        .dtype("gate_t", gate.dtype)?
+        .dtype("up_t", up.dtype)?
+        .dtype("down_t", down.dtype)?
+        .shared(shared as u32);
+    let args = vec![
+        cx.ptr("y", y),
+        int("y_row", y_row),
+        cx.ptr("x", x),
+        int("x_row", x_row),
+        cx.ptr("weights", weights),
+        int("weights_row", weights_row),
+        cx.ptr("experts", experts),
+        int("experts_row", experts_row),
+        cx.ptr("gate", gate),
+        cx.ptr("up", up),
+        cx.ptr("down", down),
+        int("rows", rows.clone()),
+    ];
+    Ok(b.launch(
+        GridDim {
+            work: rows,
             per_block: 1,
         },
         args,

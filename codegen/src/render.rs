@@ -6,10 +6,16 @@ use crate::schedule::Kernel;
 
 /// Every template, by name; each is a readable CUDA file with a small parameter block.
 pub const TEMPLATES: &[(&str, &str)] = &[
+    ("attention", include_str!("../templates/attention.cu")),
     ("cache", include_str!("../templates/cache.cu")),
     ("copy", include_str!("../templates/copy.cu")),
     ("elementwise", include_str!("../templates/elementwise.cu")),
+    ("dsa_score", include_str!("../templates/dsa_score.cu")),
+    ("dsa_topk", include_str!("../templates/dsa_topk.cu")),
     ("embed", include_str!("../templates/embed.cu")),
+    ("matmul", include_str!("../templates/matmul.cu")),
+    ("moe_experts", include_str!("../templates/moe_experts.cu")),
+    ("moe_route", include_str!("../templates/moe_route.cu")),
     ("norm", include_str!("../templates/norm.cu")),
     ("rope", include_str!("../templates/rope.cu")),
     ("sample", include_str!("../templates/sample.cu")),

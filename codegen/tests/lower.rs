@@ -2,10 +2,10 @@
 
 mod common;
 
-use common::{lowered, LIMITS, MODELS};
+use common::{lowered, module, LIMITS, MODELS};
 use glmc_codegen::layout::Buf;
 use glmc_codegen::schedule::{ArgValue, Phase, Step};
-use glmc_codegen::Target;
+use glmc_codegen::{lower_module, Target};
 
 fn phase<'a>(l: &'a glmc_codegen::Lowered, name: &str) -> &'a Phase {
     l.phases.iter().find(|p| p.function == name).unwrap()
@@ -38,10 +38,11 @@ fn the_fused_projection_is_split_by_views_into_its_output() {
         .steps
         .iter()
         .find_map(|s| match s {
-            Step::Missing { node, outputs, .. }
-                if node.contains("[q_a_proj;kv_a_proj_with_mqa") =>
-            {
-                Some(outputs[0].clone())
+            Step::Launch(l) if l.node.contains("[q_a_proj;kv_a_proj_with_mqa") => {
+                l.args.iter().find_map(|a| match &a.value {
+                    ArgValue::Ptr(at) if a.name == "y" => Some(at.clone()),
+                    _ => None,
+                })
             }
             _ => None,
         })
@@ -131,21 +132,52 @@ fn the_arena_holds_every_arena_tensor_at_the_largest_sizes() {
 }
 
 #[test]
-fn ops_without_kernels_are_named_and_nothing_else_is_missing() {
-    let l = lowered("glm5.ron", Target::Sm120);
+fn every_op_of_the_shipped_models_has_a_kernel() {
+    for model in MODELS {
+        for target in [Target::Sm120, Target::Sm90a] {
+            let l = lowered(model, target);
+            assert_eq!(l.missing_ops(), Vec::<String>::new(), "{model} on {target}");
+        }
+    }
+}
+
+#[test]
+fn a_context_past_the_attention_bitmap_is_missing_with_its_reason() {
+    let limits = glmc_codegen::Limits {
+        max_context: 1 << 20,
+        ..LIMITS
+    };
+    let l = lower_module(&module("tiny-sparse.ron").1, Target::Sm120, limits).unwrap();
+    assert_eq!(l.missing_ops(), ["mla.attend.absorbed"]);
+    let why = l
+        .phases
+        .iter()
+        .flat_map(|p| &p.steps)
+        .find_map(|s| match s {
+            Step::Missing { why, .. } => Some(why.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(why.contains("a context of 1048576 is too long"), "{why}");
+}
+
+#[test]
+fn sparse_attention_reads_the_decode_cache_at_its_capacity_stride() {
+    let l = lowered("tiny-sparse.ron", Target::Sm120);
+    let decode = phase(&l, "decode");
+    let attend = decode
+        .launches()
+        .find(|l| l.op == "mla.attend.absorbed")
+        .expect("the absorbed attention is launched");
+    let arg = |name: &str| &attend.args.iter().find(|a| a.name == name).unwrap().value;
+    let ArgValue::Ptr(c_kv) = arg("k1") else { panic!() };
+    let width = c_kv.shape.last().unwrap().as_const().unwrap();
     assert_eq!(
-        l.missing_ops(),
-        [
-            "dsa.score",
-            "dsa.topk",
-            "matmul",
-            "matmul.heads",
-            "matmul.rope",
-            "mla.attend.absorbed",
-            "moe.experts",
-            "moe.route"
-        ]
+        arg("k1_seq"),
+        &ArgValue::Int(glmc_codegen::expr::Poly::constant(width * LIMITS.max_context as i64))
     );
+    assert_eq!(arg("v"), arg("k1"), "the latent is the value too");
+    assert!(attend.args.iter().any(|a| a.name == "topk"));
 }
 
 #[test]

@@ -339,6 +339,41 @@ fn small_bindings(phase: &str) -> Bindings {
     }
 }
 
+/// Integer operands as the graph makes them (the cut node's operands are its inputs, in order):
+/// experts inside the table; top-k rows of keys in [−1, t), except that a row whose context holds
+/// at most `dense_until` keys lists all of them, as `dsa.topk` gives it and `mla.attend` assumes.
+fn fit_operands(op: &Op, ins: &mut [Tensor], rng: &mut Rng, context: u64) {
+    let retype = |t: &Tensor, data: Vec<i64>| Tensor::i64(t.shape().to_vec(), data).unwrap();
+    match op {
+        Op::MoeExperts {} => {
+            let experts = ins[3].shape()[0] as u64;
+            let n = ins[2].numel();
+            ins[2] = retype(&ins[2], (0..n).map(|_| (rng.next() % experts) as i64).collect());
+        }
+        Op::MlaAttend { sparse: true, dense_until, .. }
+        | Op::MlaAttendAbsorbed { sparse: true, dense_until, .. } => {
+            let (p, t) = match op {
+                Op::MlaAttend { .. } => (5, 6),
+                _ => (4, 5),
+            };
+            let positions = ins[p].as_i64().unwrap().to_vec();
+            let k = ins[t].shape()[1];
+            let mut data = Vec::with_capacity(positions.len() * k);
+            for &pos in &positions {
+                for slot in 0..k as i64 {
+                    data.push(if pos + 1 <= *dense_until as i64 {
+                        if slot <= pos { slot } else { -1 }
+                    } else {
+                        (rng.next() % (context + 1)) as i64 - 1
+                    });
+                }
+            }
+            ins[t] = retype(&ins[t], data);
+        }
+        _ => {}
+    }
+}
+
 /// Checks one node: GPU vs interpreter (or, for `cache.update`, the rows written).
 fn check_node(
     dev: &Device,
@@ -359,7 +394,9 @@ fn check_node(
     mini_module.functions.push(mini.clone());
     let b = small_bindings(&f.name);
     let limits = limits_for(&f.name);
-    let ins = inputs(&mini, &b, rng, vocab, limits.max_context);
+    let context = b.get("t").copied().unwrap_or(limits.max_context).min(limits.max_context);
+    let mut ins = inputs(&mini, &b, rng, vocab, context);
+    fit_operands(&node.op, &mut ins, rng, context);
     let run = run_on_gpu(dev, &mini_module, limits, &ins, &b, false);
     let kernels: Vec<String> = run.phase.launches().map(|l| l.kernel.clone()).collect();
     if let Op::CacheUpdate { state, batched } = &node.op {
