@@ -177,7 +177,7 @@ fn schedule_summary(out: &mut String, lowered: &Lowered) -> std::fmt::Result {
         let count = |f: fn(&Step) -> bool| p.steps.iter().filter(|s| f(s)).count();
         writeln!(
             out,
-            "  @{}: arena {}, {} launches, {} views (no copy), {} ops not lowered yet",
+            "  @{}: arena {}, {} launches (copies included), {} views, {} ops not lowered yet",
             p.function,
             human_bytes(p.arena_bytes),
             count(|s| matches!(s, Step::Launch(_))),
