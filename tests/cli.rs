@@ -66,7 +66,11 @@ fn compile_glm5_writes_the_artifact() {
     assert_eq!(phases, ["prefill", "decode"]);
     // 78 layers × (c_kv, k_pe, indexer k).
     assert_eq!(manifest.states.len(), 234);
-    assert!(manifest.complete, "every op has a kernel: {:?}", manifest.missing_ops);
+    assert!(
+        manifest.complete,
+        "every op has a kernel: {:?}",
+        manifest.missing_ops
+    );
     assert!(manifest.missing_ops.is_empty());
     assert!(!stderr.contains("the artifact is incomplete"), "{stderr}");
     // scripts/test.sh puts the pinned nvcc in GLMC_NVCC, so the cubin is always built here.

@@ -684,7 +684,9 @@ fn lead(r: &TensorRef, keep: usize, what: &str) -> Result<Lead, String> {
 fn plain_rows(r: &TensorRef, keep: usize, what: &str) -> Result<(Poly, Poly), String> {
     let l = lead(r, keep, what)?;
     if l.outer_stride != Poly::zero() {
-        return Err(format!("{what}'s leading axes do not merge into rows ({r})"));
+        return Err(format!(
+            "{what}'s leading axes do not merge into rows ({r})"
+        ));
     }
     Ok((l.rows, l.row_stride))
 }
@@ -817,13 +819,24 @@ fn cache_operand(r: &TensorRef, per_head: bool, what: &str) -> Result<Cache, Str
     let tail = if per_head { 2 } else { 1 };
     let rank = r.shape.len();
     if (rank != tail + 1 && rank != tail + 2) || r.strides[rank - 1] != Poly::constant(1) {
-        return Err(format!("{what} is not a [(b,) t, {}d] cache ({r})", if per_head { "H, " } else { "" }));
+        return Err(format!(
+            "{what} is not a [(b,) t, {}d] cache ({r})",
+            if per_head { "H, " } else { "" }
+        ));
     }
     let t_axis = rank - tail - 1;
     Ok(Cache {
-        seq: if t_axis == 1 { r.strides[0].clone() } else { Poly::zero() },
+        seq: if t_axis == 1 {
+            r.strides[0].clone()
+        } else {
+            Poly::zero()
+        },
         key: r.strides[t_axis].clone(),
-        head: if per_head { r.strides[rank - 2].clone() } else { Poly::zero() },
+        head: if per_head {
+            r.strides[rank - 2].clone()
+        } else {
+            Poly::zero()
+        },
         dim: const_dim(r, rank - 1, what)?,
     })
 }
@@ -833,7 +846,11 @@ fn per_head_rows(r: &TensorRef, what: &str) -> Result<(Poly, Poly, u64), String>
     if r.shape.len() != 3 || r.strides[2] != Poly::constant(1) {
         return Err(format!("{what} is not [n, H, d] with contiguous d ({r})"));
     }
-    Ok((r.strides[0].clone(), r.strides[1].clone(), const_dim(r, 2, what)?))
+    Ok((
+        r.strides[0].clone(),
+        r.strides[1].clone(),
+        const_dim(r, 2, what)?,
+    ))
 }
 
 /// `mla.attend` (expanded: per-head keys and values) and `mla.attend.absorbed` (the latent is
@@ -915,7 +932,10 @@ fn attention(
         let (_, topk_row) = plain_rows(topk, 1, "the top-k operand")?;
         shared += words * 4;
         b = b
-            .param("topk", const_dim(topk, topk.shape.len() - 1, "the top-k operand")?)
+            .param(
+                "topk",
+                const_dim(topk, topk.shape.len() - 1, "the top-k operand")?,
+            )
             .param("dense_until", dense_until)
             .param("words", words);
         args.push(cx.ptr("topk", topk));
@@ -941,7 +961,12 @@ fn attention(
 
 fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
     let out = &cx.outputs[0];
-    let (q, w, k, positions) = (&cx.operands[0], &cx.operands[1], &cx.operands[2], &cx.operands[3]);
+    let (q, w, k, positions) = (
+        &cx.operands[0],
+        &cx.operands[1],
+        &cx.operands[2],
+        &cx.operands[3],
+    );
     let (q_row, q_head, dim) = per_head_rows(q, "q")?;
     let heads = const_dim(q, 1, "q")?;
     let (_, w_row) = plain_rows(w, 1, "w")?;
@@ -996,7 +1021,9 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
 fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
     let (out, scores, positions) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     if scores.dtype != DType::F32 || out.dtype != DType::I64 {
-        return Err(format!("scores must be f32 and the result i64 ({scores}, {out})"));
+        return Err(format!(
+            "scores must be f32 and the result i64 ({scores}, {out})"
+        ));
     }
     positions_ok(positions)?;
     let (rows, scores_row) = plain_rows(scores, 1, "the scores")?;
@@ -1047,13 +1074,21 @@ fn moe_route(
     if !bias.is_contiguous() {
         return Err(format!("the bias is not contiguous ({bias})"));
     }
-    if groups == 0 || e % groups != 0 || keep == 0 || keep > groups || top_k == 0 || top_k > keep * (e / groups) {
+    if groups == 0
+        || e % groups != 0
+        || keep == 0
+        || keep > groups
+        || top_k == 0
+        || top_k > keep * (e / groups)
+    {
         return Err(format!(
             "{e} experts in {groups} groups keeping {keep} cannot give {top_k}"
         ));
     }
     if weights.dtype != DType::F32 || experts.dtype != DType::I64 {
-        return Err(format!("weights must be f32 and experts i64 ({weights}, {experts})"));
+        return Err(format!(
+            "weights must be f32 and experts i64 ({weights}, {experts})"
+        ));
     }
     let (_, weights_row) = plain_rows(weights, 1, "the weights")?;
     let (_, experts_row) = plain_rows(experts, 1, "the experts")?;
@@ -1102,7 +1137,9 @@ fn moe_experts(cx: &NodeCtx) -> Result<Lowering, String> {
     if experts.dtype != DType::I64 {
         return Err(format!("the experts are not i64 ({experts})"));
     }
-    if !(gate.is_contiguous() && up.is_contiguous() && down.is_contiguous()) || gate.shape.len() != 3 {
+    if !(gate.is_contiguous() && up.is_contiguous() && down.is_contiguous())
+        || gate.shape.len() != 3
+    {
         return Err("the expert weights must be contiguous [E, I, D] / [E, D, I]".into());
     }
     let (e, inter, dim) = (

@@ -170,11 +170,15 @@ fn sparse_attention_reads_the_decode_cache_at_its_capacity_stride() {
         .find(|l| l.op == "mla.attend.absorbed")
         .expect("the absorbed attention is launched");
     let arg = |name: &str| &attend.args.iter().find(|a| a.name == name).unwrap().value;
-    let ArgValue::Ptr(c_kv) = arg("k1") else { panic!() };
+    let ArgValue::Ptr(c_kv) = arg("k1") else {
+        panic!()
+    };
     let width = c_kv.shape.last().unwrap().as_const().unwrap();
     assert_eq!(
         arg("k1_seq"),
-        &ArgValue::Int(glmc_codegen::expr::Poly::constant(width * LIMITS.max_context as i64))
+        &ArgValue::Int(glmc_codegen::expr::Poly::constant(
+            width * LIMITS.max_context as i64
+        ))
     );
     assert_eq!(arg("v"), arg("k1"), "the latent is the value too");
     assert!(attend.args.iter().any(|a| a.name == "topk"));
