@@ -1,4 +1,6 @@
 pub mod against_config;
+pub mod collective;
+pub use collective::{CollectiveError, Communicator};
 pub mod tensor;
 mod tensor_roles;
 pub mod weights;
@@ -16,5 +18,5 @@ pub mod generate;
 pub mod sampling;
 pub use generate::{generate, phase_inputs, Call, GenerateError, Generation, Generator, Step};
 pub use sampling::{Sampling, SamplingError};
-pub mod trace;
 pub mod cuda;
+pub mod trace;
