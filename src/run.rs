@@ -1,6 +1,8 @@
 //! `glmc run`: prefill a prompt, then decode one token at a time through the `decode` graph and
 //! the caches, on the CPU reference interpreter, each next token taken from the graph's
-//! `next_token` (greedy at temperature 0).
+//! `next_token` (greedy at temperature 0). With `--tp N` the N ranks' graphs run together,
+//! their collectives simulated between threads; `--trace` records rank 0, whose whole values
+//! (after each collective) carry the single-device names.
 
 use std::path::{Path, PathBuf};
 
@@ -49,7 +51,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     sampling.validate()?;
     let eos = eos_ids(&built, &dir)?;
-    let mut generator = Generator::new(&built.module, &checkpoint)?;
+    let ranks = glmc_passes::partition(&built.module, args.tp)?;
+    let mut generator = Generator::tensor_parallel(&ranks, &checkpoint)?;
     let mut trace = args.trace.as_deref().map(TraceWriter::create).transpose()?;
     let mut hook = |call, node: &glmc_ir::Node, outputs: &[&glmc_runtime::Tensor]| {
         if let Some(t) = trace.as_mut() {

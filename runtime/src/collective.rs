@@ -31,6 +31,9 @@ pub enum CollectiveError {
     Aborted { op: &'static str, node: String },
 }
 
+/// What a collective that another rank's failure ended says.
+pub const ABORTED: &str = "another rank of the group failed, so this collective cannot complete";
+
 #[derive(Default)]
 struct State {
     /// (node name, round) → each rank's part and how many ranks have taken the parts.

@@ -4,6 +4,7 @@
 
 use glmc_ir::{Function, Module};
 
+use crate::collective::Communicator;
 use crate::interp::{InterpError, Interpreter, SequenceCache, TraceFn, WeightSource};
 use crate::sampling::{Sampling, SamplingError};
 use crate::tensor::Tensor;
@@ -99,45 +100,82 @@ impl Results {
     }
 }
 
-/// One sequence being generated.
+/// One sequence being generated, by one module or by the ranks of a tensor-parallel group.
 pub struct Generator<'a> {
-    module: &'a Module,
-    prefill: (&'a Function, Results),
-    decode: (&'a Function, Results),
-    weights: &'a dyn WeightSource,
-    interp: Interpreter,
-    cache: SequenceCache,
+    ranks: Vec<Rank<'a>>,
+    prefill: Results,
+    decode: Results,
+    weights: &'a (dyn WeightSource + Sync),
     vocab: Option<usize>,
     /// Calls so far: the `step` of the next call's uniform draw.
     calls: u64,
 }
 
+/// One rank's module, interpreter and KV cache (every rank holds the whole latent cache).
+struct Rank<'a> {
+    module: &'a Module,
+    prefill: &'a Function,
+    decode: &'a Function,
+    interp: Interpreter,
+    cache: SequenceCache,
+}
+
 impl<'a> Generator<'a> {
     pub fn new(
         module: &'a Module,
-        weights: &'a dyn WeightSource,
+        weights: &'a (dyn WeightSource + Sync),
     ) -> Result<Generator<'a>, GenerateError> {
-        let prefill = module
-            .function("prefill")
-            .ok_or(GenerateError::MissingFunction("prefill"))?;
-        let decode = module
-            .function("decode")
-            .ok_or(GenerateError::MissingFunction("decode"))?;
-        let prefill = (prefill, Results::find(prefill, "prefill")?);
-        let decode = (decode, Results::find(decode, "decode")?);
-        let (f, results) = prefill;
+        Generator::tensor_parallel(std::slice::from_ref(module), weights)
+    }
+
+    /// The ranks of one tensor-parallel group (`tp-partition`'s modules, by rank), run in
+    /// lockstep on threads whose collectives meet in one [`Communicator`] group. Every rank
+    /// computes the same logits and token; rank 0's are returned.
+    pub fn tensor_parallel(
+        modules: &'a [Module],
+        weights: &'a (dyn WeightSource + Sync),
+    ) -> Result<Generator<'a>, GenerateError> {
+        let comms = match modules.len() {
+            1 => vec![None],
+            n => Communicator::group(n).into_iter().map(Some).collect(),
+        };
+        let mut ranks = Vec::with_capacity(modules.len());
+        let mut results = None;
+        for (module, comm) in modules.iter().zip(comms) {
+            let prefill = module
+                .function("prefill")
+                .ok_or(GenerateError::MissingFunction("prefill"))?;
+            let decode = module
+                .function("decode")
+                .ok_or(GenerateError::MissingFunction("decode"))?;
+            results = Some((
+                Results::find(prefill, "prefill")?,
+                Results::find(decode, "decode")?,
+            ));
+            let interp = match comm {
+                Some(c) => Interpreter::new().with_communicator(c),
+                None => Interpreter::new(),
+            };
+            ranks.push(Rank {
+                module,
+                prefill,
+                decode,
+                interp,
+                cache: SequenceCache::new(),
+            });
+        }
+        let (prefill, decode) = results.ok_or(GenerateError::MissingFunction("prefill"))?;
+        let f = ranks[0].prefill;
         let vocab = f
-            .value_type(f.results[results.logits].1)
+            .value_type(f.results[prefill.logits].1)
             .shape
             .last()
             .and_then(|d| d.as_const());
         Ok(Generator {
-            module,
+            ranks,
             prefill,
             decode,
             weights,
-            interp: Interpreter::new(),
-            cache: SequenceCache::new(),
             vocab: vocab.map(|v| v as usize),
             calls: 0,
         })
@@ -145,11 +183,11 @@ impl<'a> Generator<'a> {
 
     /// Tokens in the cache so far.
     pub fn len(&self) -> usize {
-        self.cache.len()
+        self.ranks[0].cache.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
+        self.ranks[0].cache.is_empty()
     }
 
     fn check_ids(&self, ids: &[u64]) -> Result<(), GenerateError> {
@@ -173,13 +211,13 @@ impl<'a> Generator<'a> {
             return Err(GenerateError::EmptyPrompt);
         }
         self.check_ids(ids)?;
-        let start = self.cache.len();
+        let start = self.len();
         let call = Call::Prefill {
             start,
             len: ids.len(),
         };
-        let (f, results) = self.prefill;
-        let out = self.run(f, ids, start, sampling, 1, call, trace)?;
+        let results = self.prefill;
+        let out = self.run(true, ids, start, sampling, 1, call, trace)?;
         step(out, results, "prefill", ids.len())
     }
 
@@ -191,10 +229,10 @@ impl<'a> Generator<'a> {
         trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
     ) -> Result<Step, GenerateError> {
         self.check_ids(&[id])?;
-        let position = self.cache.len();
-        let (f, results) = self.decode;
+        let position = self.len();
+        let results = self.decode;
         let out = self.run(
-            f,
+            false,
             &[id],
             position,
             sampling,
@@ -205,10 +243,12 @@ impl<'a> Generator<'a> {
         step(out, results, "decode", 1)
     }
 
+    /// One call of `prefill` (or `decode`) on every rank; rank 0's results. Rank 0 runs on
+    /// this thread with `trace`, the others on threads of their own.
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
-        f: &Function,
+        prefill: bool,
         ids: &[u64],
         start: usize,
         sampling: &Sampling,
@@ -220,16 +260,52 @@ impl<'a> Generator<'a> {
         let positions: Vec<i64> = (start..start + ids.len()).map(|p| p as i64).collect();
         let inputs = phase_inputs(&ids, &positions, sampling, self.calls, sampled_rows);
         self.calls += 1;
-        let mut hook = |node: &glmc_ir::Node, outputs: &[&Tensor]| trace(call, node, outputs);
-        let hook: &mut TraceFn = &mut hook;
-        Ok(self.interp.run_traced(
-            self.module,
-            f,
-            self.weights,
-            &mut [&mut self.cache],
-            &inputs,
-            hook,
-        )?)
+        let weights = self.weights;
+        let (first, others) = self.ranks.split_first_mut().expect("at least one rank");
+        let results: Vec<Result<Vec<Tensor>, InterpError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = others
+                .iter_mut()
+                .map(|rank| {
+                    let inputs = &inputs;
+                    scope.spawn(move || {
+                        let f = if prefill { rank.prefill } else { rank.decode };
+                        let caches = &mut [&mut rank.cache];
+                        rank.interp.run(rank.module, f, weights, caches, inputs)
+                    })
+                })
+                .collect();
+            let mut hook = |node: &glmc_ir::Node, outputs: &[&Tensor]| trace(call, node, outputs);
+            let hook: &mut TraceFn = &mut hook;
+            let f = if prefill { first.prefill } else { first.decode };
+            let caches = &mut [&mut first.cache];
+            let mut results =
+                vec![first
+                    .interp
+                    .run_traced(first.module, f, weights, caches, &inputs, hook)];
+            results.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a rank's interpreter panicked")),
+            );
+            results
+        });
+        // Report the rank that failed on its own, not one that its failure aborted.
+        let mut errors = Vec::new();
+        let mut outputs = Vec::new();
+        for r in results {
+            match r {
+                Ok(o) => outputs.push(o),
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            return Ok(outputs.swap_remove(0));
+        }
+        let cause = errors
+            .iter()
+            .position(|e| !e.to_string().contains(crate::collective::ABORTED))
+            .unwrap_or(0);
+        Err(errors.swap_remove(cause).into())
     }
 }
 
