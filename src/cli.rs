@@ -143,6 +143,12 @@ pub struct DumpArgs {
     pub lowered: bool,
     #[arg(long, help = TARGET_HELP)]
     pub target: Option<String>,
+    /// Tensor parallelism: print rank --rank's graph of --tp ranks (after tp-partition).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), conflicts_with_all = ["after", "lowered"])]
+    pub tp: u64,
+    /// The rank whose graph --tp prints, 0..TP.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u64,
     #[command(flatten)]
     pub limits: LimitsArgs,
     #[command(flatten)]
@@ -179,6 +185,10 @@ pub struct RunArgs {
     /// With --device cuda: the CUDA compiler (default: $GLMC_NVCC, else nvcc on PATH).
     #[arg(long, value_name = "PATH")]
     pub nvcc: Option<PathBuf>,
+    /// Tensor parallelism: run the model as --tp ranks (tp-partition's graphs), their
+    /// collectives simulated between threads on the CPU.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub tp: u64,
     /// Sampling temperature; 0 (the default) is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,

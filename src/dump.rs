@@ -57,6 +57,17 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
                 out.push_str(&render(args, module.clone())?);
             }
         }
+    } else if args.tp > 1 || args.rank > 0 {
+        if args.rank >= args.tp {
+            anyhow::bail!(
+                "--rank {} is not a rank of --tp {}: ranks are 0..{}",
+                args.rank,
+                args.tp,
+                args.tp
+            );
+        }
+        let mut ranks = glmc_passes::partition(&built.module, args.tp)?;
+        out = render(args, ranks.swap_remove(args.rank as usize))?;
     } else {
         out = render(args, built.module)?;
     }

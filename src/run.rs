@@ -1,6 +1,8 @@
 //! `glmc run`: prefill a prompt, then decode one token at a time through the `decode` graph and
 //! the caches, on the CPU reference interpreter, each next token taken from the graph's
-//! `next_token` (greedy at temperature 0).
+//! `next_token` (greedy at temperature 0). With `--tp N` the N ranks' graphs run together,
+//! their collectives simulated between threads; `--trace` records rank 0, whose whole values
+//! (after each collective) carry the single-device names.
 
 use std::path::{Path, PathBuf};
 
@@ -52,9 +54,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     sampling.validate()?;
     let eos = eos_ids(&built, &dir)?;
+    let ranks = glmc_passes::partition(&built.module, args.tp)?;
     let mut generator = match args.device {
-        DeviceArg::Cpu => Generator::new(&built.module, &checkpoint)?,
+        DeviceArg::Cpu => Generator::tensor_parallel(&ranks, &checkpoint)?,
         DeviceArg::Cuda => {
+            if args.tp > 1 {
+                bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N");
+            }
             if args.trace.is_some() {
                 bail!("--trace records nodes on the CPU only for now: run it with --device cpu");
             }

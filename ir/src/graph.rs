@@ -289,9 +289,33 @@ impl Function {
 #[derive(Clone, Debug, Default)]
 pub struct Module {
     pub name: String,
+    /// Which tensor-parallel rank this module is the graph of.
+    pub tp: Tp,
     /// Persistent per-sequence caches, by name, with the type of one token's row.
     pub states: BTreeMap<String, TensorType>,
     pub functions: Vec<Function>,
+}
+
+/// A module's place in tensor parallelism: rank `rank` of `degree` ranks. `degree` 1 is the
+/// whole model on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Tp {
+    pub degree: u64,
+    pub rank: u64,
+}
+
+impl Tp {
+    pub const SINGLE: Tp = Tp { degree: 1, rank: 0 };
+
+    pub fn is_single(&self) -> bool {
+        *self == Tp::SINGLE
+    }
+}
+
+impl Default for Tp {
+    fn default() -> Tp {
+        Tp::SINGLE
+    }
 }
 
 impl Module {

@@ -16,8 +16,8 @@ pub mod serial;
 pub mod types;
 pub mod verify;
 
-pub use graph::{Function, Module, Node, Operand, Value};
-pub use ops::{Arity, Op};
+pub use graph::{Function, Module, Node, Operand, Tp, Value};
+pub use ops::{Arity, Op, Reduce};
 pub use parse::{parse_module, ParseError};
 pub use print::{print_function, print_module, print_module_summary};
 pub use recipe::{Recipe, RecipeError};

@@ -82,7 +82,7 @@ pub trait AttrValue: Sized {
     fn from_lit(lit: &Lit) -> Result<Self, String>;
 }
 
-fn expected<T>(what: &str, got: &Lit) -> Result<T, String> {
+pub(crate) fn expected<T>(what: &str, got: &Lit) -> Result<T, String> {
     Err(format!("expected {what}, found {}", got.kind()))
 }
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::lit::{AttrValue, Lit};
+use crate::lit::{expected, AttrValue, Lit};
 use crate::{DType, Dim, Recipe};
 
 /// How many operands an op takes.
@@ -106,6 +106,10 @@ ops! {
     Weight "weight" [Arity::Exact(0)] { recipe: Recipe }
     /// `table [V, D]`, `ids int[..]` → `[.., D]`.
     Embed "embed" [Arity::Exact(2)] {}
+    /// One rank's part of a vocab-parallel lookup: `table [V/N, D]` holds vocabulary rows
+    /// `start..start + V/N`, `ids int[..]` → `[.., D]`, the row of an id in that range and zeros
+    /// for any other id, so an `all_reduce` over the ranks gives `embed` of the whole table.
+    EmbedShard "embed.shard" [Arity::Exact(2)] { start: u64 }
     /// `x [.., K]`, `w [N, K]` → `[.., N]`.
     Matmul "matmul" [Arity::Exact(2)] {}
     /// Per-head linear: `x [.., H, K]`, `w [H, N, K]` → `[.., H, N]`.
@@ -209,6 +213,33 @@ ops! {
     ///    the last nucleus token if rounding leaves none. Tokens of probability 0 are never
     ///    chosen.
     SampleTopP "sample.top_p" [Arity::Exact(4)] {}
+    /// Tensor parallelism: every one of the `ranks` ranks holds its `x` (one type on all ranks)
+    /// and each gets the elementwise reduction of them all (`op`: `sum`). The sum is taken in
+    /// rank order, so every rank holds the same bits.
+    AllReduce "all_reduce" [Arity::Exact(1)] { op: Reduce, ranks: u64 }
+    /// Tensor parallelism: rank `r`'s `x` becomes block `r` of `axis` in the result, whose
+    /// `axis` is `ranks` times as long (a constant); every rank gets the whole result.
+    AllGather "all_gather" [Arity::Exact(1)] { axis: u64, ranks: u64 }
+}
+
+/// The reduction of an `all_reduce`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reduce {
+    Sum,
+}
+
+impl AttrValue for Reduce {
+    fn to_lit(&self) -> Lit {
+        match self {
+            Reduce::Sum => Lit::Ident("sum".into()),
+        }
+    }
+    fn from_lit(lit: &Lit) -> Result<Self, String> {
+        match lit {
+            Lit::Ident(s) if s == "sum" => Ok(Reduce::Sum),
+            other => expected("a reduction (sum)", other),
+        }
+    }
 }
 
 impl Op {

@@ -296,9 +296,39 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// `KEY=N` in the module header.
+    fn header_int(&mut self, key: &str) -> Result<u64, ParseError> {
+        self.expect_keyword(key)?;
+        self.expect_punct('=')?;
+        match self.tok {
+            Tok::Int(n) if (0..=u64::MAX as i128).contains(&n) => {
+                self.advance()?;
+                Ok(n as u64)
+            }
+            _ => Err(self.err(format!(
+                "expected a count after `{key}=`, found {}",
+                self.describe()
+            ))),
+        }
+    }
+
     fn module(&mut self) -> Result<Module, ParseError> {
         self.expect_keyword("glmc.module")?;
         let mut module = Module::new(self.string("the module name")?);
+        if self.tok == Tok::Ident("tp".into()) {
+            let at = self.err("");
+            let degree = self.header_int("tp")?;
+            let rank = self.header_int("rank")?;
+            if degree < 2 || rank >= degree {
+                return Err(ParseError {
+                    message: format!(
+                        "tp={degree} rank={rank}: a partitioned module has tp ≥ 2 and a rank below it"
+                    ),
+                    ..at
+                });
+            }
+            module.tp = crate::graph::Tp { degree, rank };
+        }
         while self.tok == Tok::Ident("state".into()) {
             self.advance()?;
             let twice = self.err("");

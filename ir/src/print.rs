@@ -23,6 +23,7 @@ pub fn print_module(module: &Module) -> String {
 fn header(module: &Module) -> String {
     let mut out = String::from("glmc.module ");
     write_quoted(&mut out, &module.name);
+    out.push_str(&tp_text(module));
     out.push('\n');
     for (name, row) in &module.states {
         out.push_str("state ");
@@ -30,6 +31,16 @@ fn header(module: &Module) -> String {
         writeln!(out, " : {row}").unwrap();
     }
     out
+}
+
+/// ` tp=N rank=R` for one rank of a partitioned module; nothing for a whole one, whose dumps
+/// predate tensor parallelism.
+fn tp_text(module: &Module) -> String {
+    if module.tp.is_single() {
+        String::new()
+    } else {
+        format!(" tp={} rank={}", module.tp.degree, module.tp.rank)
+    }
 }
 
 pub fn print_function(f: &Function) -> String {
@@ -122,6 +133,7 @@ fn layer_of(name: &str) -> Option<u64> {
 pub fn print_module_summary(module: &Module) -> String {
     let mut out = String::from("glmc.module ");
     write_quoted(&mut out, &module.name);
+    out.push_str(&tp_text(module));
     out.push('\n');
     out.push_str(&summarize_states(module));
     for f in &module.functions {

@@ -5,13 +5,16 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{Function, Module, Value};
+use crate::graph::{Function, Module, Tp, Value};
 use crate::ops::Op;
 use crate::TensorType;
 
 #[derive(Serialize, Deserialize)]
 struct ModuleRepr {
     name: String,
+    /// Absent for a whole (single-rank) module, so those read and print as before.
+    #[serde(default, skip_serializing_if = "Tp::is_single")]
+    tp: Tp,
     states: BTreeMap<String, TensorType>,
     functions: Vec<FunctionRepr>,
 }
@@ -46,6 +49,7 @@ pub enum RonError {
 pub fn to_ron(module: &Module) -> Result<String, RonError> {
     let repr = ModuleRepr {
         name: module.name.clone(),
+        tp: module.tp,
         states: module.states.clone(),
         functions: module.functions.iter().map(function_repr).collect(),
     };
@@ -90,6 +94,7 @@ pub fn from_ron(text: &str) -> Result<Module, RonError> {
     let repr: ModuleRepr = ron::from_str(text)?;
     let mut module = Module {
         name: repr.name,
+        tp: repr.tp,
         states: repr.states,
         functions: Vec::new(),
     };

@@ -302,6 +302,33 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             shape.push(x[0].shape[1].clone());
             one(TensorType::new(x[0].dtype, shape))
         }
+        Op::EmbedShard { .. } => infer(&Op::Embed {}, x),
+        Op::AllReduce { ranks, .. } => {
+            float("x", x[0])?;
+            if *ranks == 0 {
+                return Err("ranks must be positive".into());
+            }
+            one(x[0].clone())
+        }
+        Op::AllGather { axis, ranks } => {
+            let a = *axis as usize;
+            let d = x[0]
+                .shape
+                .get(a)
+                .ok_or_else(|| format!("axis {axis} out of range for {}", x[0]))?;
+            let Dim::Const(n) = d else {
+                return Err(format!("cannot gather along symbolic dim {d} of {}", x[0]));
+            };
+            if *ranks == 0 {
+                return Err("ranks must be positive".into());
+            }
+            let total = n
+                .checked_mul(*ranks)
+                .ok_or_else(|| format!("gathering {ranks} × {n} overflows 64 bits"))?;
+            let mut shape = x[0].shape.clone();
+            shape[a] = Dim::Const(total);
+            one(x[0].with_shape(shape))
+        }
         Op::Matmul {} => {
             rank("x", x[0], 1..=4)?;
             rank("w", x[1], 2..=2)?;

@@ -770,3 +770,33 @@ fn samplers() {
         &["takes 4 operands, has 3"],
     );
 }
+
+#[test]
+fn collectives() {
+    let sum = |ranks| Op::AllReduce {
+        op: glmc_ir::Reduce::Sum,
+        ranks,
+    };
+    assert_eq!(ok(sum(2), &["bf16[b,64]"]), "bf16[b,64]");
+    err(sum(2), &["i64[b]"], &["x must be a float"]);
+    err(sum(0), &["f32[b]"], &["ranks must be positive"]);
+    let gather = |axis, ranks| Op::AllGather { axis, ranks };
+    assert_eq!(ok(gather(1, 4), &["f32[s,64]"]), "f32[s,256]");
+    assert_eq!(ok(gather(0, 2), &["i64[3,b]"]), "i64[6,b]");
+    err(
+        gather(0, 2),
+        &["f32[s,64]"],
+        &["cannot gather along symbolic dim s"],
+    );
+    err(gather(2, 2), &["f32[s,64]"], &["axis 2 out of range"]);
+    err(gather(1, 0), &["f32[s,64]"], &["ranks must be positive"]);
+    assert_eq!(
+        ok(Op::EmbedShard { start: 16 }, &["bf16[16,8]", "i64[s]"]),
+        "bf16[s,8]"
+    );
+    err(
+        Op::EmbedShard { start: 0 },
+        &["bf16[16,8]", "f32[s]"],
+        &["ids must be an integer"],
+    );
+}

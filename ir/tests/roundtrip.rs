@@ -399,3 +399,58 @@ fn sampling_ops_round_trip() {
     let back = from_ron(&to_ron(&m).unwrap()).unwrap();
     assert_eq!(print_module(&back), text);
 }
+
+/// One rank of a partitioned module: the header's `tp`/`rank`, the collectives and the
+/// vocab-parallel lookup parse, print back identically, and survive RON.
+#[test]
+fn tensor_parallel_rank_round_trips() {
+    let text = "glmc.module \"m\" tp=2 rank=1\n\
+        \n\
+        func @prefill {\n  \
+          %0 = input {index=0} : i64[s] \"input_ids\"\n  \
+          %1 = weight {recipe=slice(hf(\"model.embed_tokens.weight\", [8, 4]), 0, 4, 8)} : f32[4,4] \"model.embed_tokens.weight\"\n  \
+          %2 = embed.shard %1, %0 {start=4} : f32[s,4] \"model.embed_tokens#shard\"\n  \
+          %3 = all_reduce %2 {op=sum, ranks=2} : f32[s,4] \"model.embed_tokens\"\n  \
+          %4 = weight {recipe=slice(hf(\"lm_head.weight\", [8, 4]), 0, 4, 8)} : f32[4,4] \"lm_head.weight\"\n  \
+          %5 = matmul %3, %4 : f32[s,4] \"lm_head#shard\"\n  \
+          %6 = all_gather %5 {axis=1, ranks=2} : f32[s,8] \"lm_head\"\n  \
+          return %6 \"logits\"\n\
+        }\n";
+    let m = parse_module(text).unwrap_or_else(|e| panic!("{e}"));
+    verify_module(&m).unwrap();
+    assert_eq!((m.tp.degree, m.tp.rank), (2, 1));
+    assert_eq!(print_module(&m), text);
+    let f = m.function("prefill").unwrap();
+    let op = |name| f.node(node(f, name)).op.clone();
+    assert_eq!(
+        op("model.embed_tokens"),
+        Op::AllReduce {
+            op: glmc_ir::Reduce::Sum,
+            ranks: 2
+        }
+    );
+    assert_eq!(op("lm_head"), Op::AllGather { axis: 1, ranks: 2 });
+    assert_eq!(op("model.embed_tokens#shard"), Op::EmbedShard { start: 4 });
+    let back = from_ron(&to_ron(&m).unwrap()).unwrap();
+    assert_eq!(print_module(&back), text);
+    assert_eq!(back.tp, m.tp);
+}
+
+#[test]
+fn a_whole_module_has_no_tp_in_its_header_and_a_bad_one_is_rejected() {
+    let m = parse_module("glmc.module \"m\"\n").unwrap();
+    assert!(m.tp.is_single());
+    assert!(!to_ron(&m).unwrap().contains("tp"));
+    for (bad, what) in [
+        ("glmc.module \"m\" tp=2 rank=2\n", "a rank below it"),
+        ("glmc.module \"m\" tp=1 rank=0\n", "tp ≥ 2"),
+        ("glmc.module \"m\" tp=2\n", "expected `rank`"),
+        (
+            "glmc.module \"m\" tp=x rank=0\n",
+            "expected a count after `tp=`",
+        ),
+    ] {
+        let e = parse_module(bad).unwrap_err().to_string();
+        assert!(e.contains(what), "{bad:?}: {e}");
+    }
+}

@@ -11,9 +11,11 @@ pub mod pass;
 pub mod pipeline;
 pub mod plan_memory;
 pub mod select_attention;
+pub mod tp_partition;
 
 pub use manager::{PassManager, PassRecord};
 pub use pass::{Pass, PassError};
 pub use pipeline::{pipeline, PipelineOptions, PIPELINE};
 pub use plan_memory::{kv_cache_bytes, plan_memory, MemoryPlan, PlanError};
 pub use select_attention::AttentionChoice;
+pub use tp_partition::{partition, TpPartition};

@@ -4,6 +4,7 @@
 
 use glmc_ir::{Function, Module};
 
+use crate::collective::Communicator;
 use crate::interp::{InterpError, Interpreter, SequenceCache, TraceFn, WeightSource};
 use crate::sampling::{Sampling, SamplingError};
 use crate::tensor::Tensor;
@@ -114,26 +115,53 @@ pub trait Executor {
     ) -> Result<Vec<Tensor>, GenerateError>;
 }
 
-/// The reference interpreter as an [`Executor`].
-pub struct InterpExecutor<'a> {
+/// One rank of the reference interpreter: its module, interpreter and caches.
+struct Rank<'a> {
     module: &'a Module,
-    weights: &'a dyn WeightSource,
     interp: Interpreter,
     cache: SequenceCache,
 }
 
+/// The reference interpreter as an [`Executor`]: one module, or the ranks of one
+/// tensor-parallel group (`tp-partition`'s modules, by rank) run in lockstep on threads whose
+/// collectives meet in one [`Communicator`] group. Every rank computes the same logits and
+/// token; rank 0's are returned, and rank 0 alone is traced.
+pub struct InterpExecutor<'a> {
+    ranks: Vec<Rank<'a>>,
+    weights: &'a (dyn WeightSource + Sync),
+}
+
 impl<'a> InterpExecutor<'a> {
-    pub fn new(module: &'a Module, weights: &'a dyn WeightSource) -> InterpExecutor<'a> {
-        InterpExecutor {
-            module,
-            weights,
-            interp: Interpreter::new(),
-            cache: SequenceCache::new(),
-        }
+    pub fn new(module: &'a Module, weights: &'a (dyn WeightSource + Sync)) -> InterpExecutor<'a> {
+        InterpExecutor::tensor_parallel(std::slice::from_ref(module), weights)
+    }
+
+    pub fn tensor_parallel(
+        modules: &'a [Module],
+        weights: &'a (dyn WeightSource + Sync),
+    ) -> InterpExecutor<'a> {
+        let comms = match modules.len() {
+            1 => vec![None],
+            n => Communicator::group(n).into_iter().map(Some).collect(),
+        };
+        let ranks = modules
+            .iter()
+            .zip(comms)
+            .map(|(module, comm)| Rank {
+                module,
+                interp: match comm {
+                    Some(c) => Interpreter::new().with_communicator(c),
+                    None => Interpreter::new(),
+                },
+                cache: SequenceCache::new(),
+            })
+            .collect();
+        InterpExecutor { ranks, weights }
     }
 
     fn function(&self, phase: PhaseKind) -> Result<&'a Function, GenerateError> {
-        self.module
+        self.ranks[0]
+            .module
             .function(phase.name())
             .ok_or(GenerateError::MissingFunction(phase.name()))
     }
@@ -163,17 +191,56 @@ impl Executor for InterpExecutor<'_> {
         call: Call,
         trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
     ) -> Result<Vec<Tensor>, GenerateError> {
-        let f = self.function(phase)?;
-        let mut hook = |node: &glmc_ir::Node, outputs: &[&Tensor]| trace(call, node, outputs);
-        let hook: &mut TraceFn = &mut hook;
-        Ok(self.interp.run_traced(
-            self.module,
-            f,
-            self.weights,
-            &mut [&mut self.cache],
-            inputs,
-            hook,
-        )?)
+        for rank in &self.ranks {
+            rank.module
+                .function(phase.name())
+                .ok_or(GenerateError::MissingFunction(phase.name()))?;
+        }
+        let weights = self.weights;
+        let (first, others) = self.ranks.split_first_mut().expect("at least one rank");
+        let results: Vec<Result<Vec<Tensor>, InterpError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = others
+                .iter_mut()
+                .map(|rank| {
+                    scope.spawn(move || {
+                        let f = rank.module.function(phase.name()).expect("checked above");
+                        let caches = &mut [&mut rank.cache];
+                        rank.interp.run(rank.module, f, weights, caches, inputs)
+                    })
+                })
+                .collect();
+            let mut hook = |node: &glmc_ir::Node, outputs: &[&Tensor]| trace(call, node, outputs);
+            let hook: &mut TraceFn = &mut hook;
+            let f = first.module.function(phase.name()).expect("checked above");
+            let caches = &mut [&mut first.cache];
+            let mut results =
+                vec![first
+                    .interp
+                    .run_traced(first.module, f, weights, caches, inputs, hook)];
+            results.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a rank's interpreter panicked")),
+            );
+            results
+        });
+        // Report the rank that failed on its own, not one that its failure aborted.
+        let mut errors = Vec::new();
+        let mut outputs = Vec::new();
+        for r in results {
+            match r {
+                Ok(o) => outputs.push(o),
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            return Ok(outputs.swap_remove(0));
+        }
+        let cause = errors
+            .iter()
+            .position(|e| !e.to_string().contains(crate::collective::ABORTED))
+            .unwrap_or(0);
+        Err(errors.swap_remove(cause).into())
     }
 }
 
@@ -215,14 +282,25 @@ impl<'a> Generator<'a> {
     /// A generator on the reference interpreter.
     pub fn new(
         module: &'a Module,
-        weights: &'a dyn WeightSource,
+        weights: &'a (dyn WeightSource + Sync),
     ) -> Result<Generator<'a>, GenerateError> {
-        for phase in [PhaseKind::Prefill, PhaseKind::Decode] {
-            module
-                .function(phase.name())
-                .ok_or(GenerateError::MissingFunction(phase.name()))?;
+        Generator::tensor_parallel(std::slice::from_ref(module), weights)
+    }
+
+    /// A generator on the reference interpreter running the ranks of one tensor-parallel group
+    /// (see [`InterpExecutor::tensor_parallel`]).
+    pub fn tensor_parallel(
+        modules: &'a [Module],
+        weights: &'a (dyn WeightSource + Sync),
+    ) -> Result<Generator<'a>, GenerateError> {
+        for module in modules {
+            for phase in [PhaseKind::Prefill, PhaseKind::Decode] {
+                module
+                    .function(phase.name())
+                    .ok_or(GenerateError::MissingFunction(phase.name()))?;
+            }
         }
-        Generator::with_executor(Box::new(InterpExecutor::new(module, weights)))
+        Generator::with_executor(Box::new(InterpExecutor::tensor_parallel(modules, weights)))
     }
 
     /// A generator on any executor.

@@ -28,11 +28,12 @@ mod sample;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use glmc_ir::{verify_function, DType, Dim, Function, Module, Node, NodeIndex, Op, Recipe};
+use glmc_ir::{verify_function, DType, Dim, Function, Module, Node, NodeIndex, Op, Recipe, Reduce};
 use glmc_ir::{TensorType, Value};
 
 pub use cache::SequenceCache;
 
+use crate::collective::Communicator;
 use crate::tensor::Tensor;
 use crate::weights::{Checkpoint, WeightError};
 
@@ -177,6 +178,8 @@ pub struct Interpreter {
     max_context: usize,
     /// Weight node name → (its recipe, its value). A hit needs an equal recipe.
     weights: HashMap<String, (Recipe, Arc<Tensor>)>,
+    /// This rank's end of its tensor-parallel group; `None` for a whole (single-rank) model.
+    comm: Option<Communicator>,
 }
 
 impl Default for Interpreter {
@@ -190,7 +193,15 @@ impl Interpreter {
         Interpreter {
             max_context: DEFAULT_MAX_CONTEXT,
             weights: HashMap::new(),
+            comm: None,
         }
+    }
+
+    /// Runs one rank of a tensor-parallel group: the collectives of its graphs meet the other
+    /// ranks' through `comm`.
+    pub fn with_communicator(mut self, comm: Communicator) -> Interpreter {
+        self.comm = Some(comm);
+        self
     }
 
     /// Rejects any position `>= max_context`.
@@ -265,6 +276,10 @@ impl Interpreter {
     ) -> Result<Vec<Tensor>, InterpError> {
         let snapshots: Vec<_> = caches.iter().map(|c| c.snapshot()).collect();
         let result = self.execute(module, f, weights, caches, inputs, patch);
+        if let (Err(_), Some(comm)) = (&result, &self.comm) {
+            // The other ranks would otherwise wait forever for this rank's part.
+            comm.abort();
+        }
         if result.is_err() {
             for (c, s) in caches.iter_mut().zip(snapshots) {
                 c.restore(s);
@@ -403,6 +418,22 @@ impl Interpreter {
             Op::Input { index } => Ok(vec![Arc::new(inputs[*index as usize].clone())]),
             Op::Weight { recipe } => Ok(vec![self.weight(node, recipe, weights)?]),
             Op::Embed {} => one(kernels::embed(a(0), a(1))?),
+            Op::EmbedShard { start } => one(kernels::embed_shard(a(0), a(1), *start)?),
+            Op::AllReduce {
+                op: Reduce::Sum,
+                ranks,
+            } => {
+                let comm = self.communicator(*ranks)?;
+                one(comm
+                    .all_reduce_sum(&node.name, args[0].clone())
+                    .map_err(msg)?)
+            }
+            Op::AllGather { axis, ranks } => {
+                let comm = self.communicator(*ranks)?;
+                one(comm
+                    .all_gather(&node.name, *axis as usize, args[0].clone())
+                    .map_err(msg)?)
+            }
             Op::Matmul {} => one(kernels::matmul(a(0), a(1))?),
             Op::MatmulHeads {} => one(kernels::matmul_heads(a(0), a(1))?),
             Op::Add {} => one(kernels::binary(a(0), a(1), |x, y| x + y)?),
@@ -530,6 +561,20 @@ impl Interpreter {
             Op::MoeExperts {} => one(moe::experts(a(0), a(1), a(2), a(3), a(4), a(5))?),
             Op::SampleArgmax {} => one(sample::argmax(a(0))?),
             Op::SampleTopP {} => one(sample::top_p(a(0), a(1), a(2), a(3))?),
+        }
+    }
+
+    /// The communicator of a collective over `ranks` ranks.
+    fn communicator(&mut self, ranks: u64) -> Result<&mut Communicator, Failure> {
+        match self.comm.as_ref().map(Communicator::size) {
+            Some(size) if size as u64 == ranks => Ok(self.comm.as_mut().expect("matched")),
+            Some(size) => Err(Failure::Message(format!(
+                "a collective over {ranks} ranks, but this rank is one of {size}"
+            ))),
+            None => Err(Failure::Message(format!(
+                "a collective over {ranks} ranks, but the interpreter runs one rank alone; \
+                 run every rank's module together (glmc run --tp {ranks})"
+            ))),
         }
     }
 

@@ -1,4 +1,6 @@
 pub mod against_config;
+pub mod collective;
+pub use collective::{CollectiveError, Communicator};
 pub mod tensor;
 mod tensor_roles;
 pub mod weights;

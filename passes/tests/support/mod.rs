@@ -411,9 +411,44 @@ pub fn run_traced(
     workload: &Workload,
     trace: &mut TraceFn<'_>,
 ) -> Result<Rows, InterpError> {
+    run_on(&mut Interpreter::new(), module, weights, workload, trace)
+}
+
+/// Runs every rank's module of one tensor-parallel group on its own thread, their collectives
+/// meeting through one communicator group; each rank's logits rows, by rank.
+pub fn run_ranks(
+    modules: &[Module],
+    weights: &Weights,
+    workload: &Workload,
+) -> Result<Vec<Rows>, InterpError> {
+    let comms = glmc_runtime::Communicator::group(modules.len());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = modules
+            .iter()
+            .zip(comms)
+            .map(|(m, comm)| {
+                scope.spawn(move || {
+                    let mut interp = Interpreter::new().with_communicator(comm);
+                    run_on(&mut interp, m, weights, workload, &mut |_, _| {})
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank's thread panicked"))
+            .collect()
+    })
+}
+
+fn run_on(
+    interp: &mut Interpreter,
+    module: &Module,
+    weights: &dyn WeightSource,
+    workload: &Workload,
+    trace: &mut TraceFn<'_>,
+) -> Result<Rows, InterpError> {
     let prefill = module.function("prefill").expect("a prefill function");
     let decode = module.function("decode").expect("a decode function");
-    let mut interp = Interpreter::new();
     let mut caches: Vec<SequenceCache> = vec![SequenceCache::new(); workload.sequences.len()];
     let mut rows = Vec::new();
     // Greedy: the logits are compared, `next_token` only has to run.

@@ -348,3 +348,26 @@ pub(super) fn embed(table: &Tensor, ids: &Tensor) -> KResult<Tensor> {
     shape.push(d);
     make(shape, out)
 }
+
+/// `embed.shard`: the rows of `table [V/N, D]`, which holds vocabulary rows
+/// `start..start + V/N`, at `ids [..]`; zeros for an id outside that range (another rank's).
+pub(super) fn embed_shard(table: &Tensor, ids: &Tensor, start: u64) -> KResult<Tensor> {
+    let td = f32s(table, "table")?;
+    let id = i64s(ids, "ids")?;
+    rank(table, "table", 2)?;
+    let (v, d) = (table.shape()[0], table.shape()[1]);
+    let mut out = vec![0.0; id.len() * d];
+    for (i, &t) in id.iter().enumerate() {
+        if t < 0 {
+            return Err(format!("token id {t} (element {i} of ids) is negative"));
+        }
+        let Some(row) = (t as u64).checked_sub(start).filter(|&r| r < v as u64) else {
+            continue;
+        };
+        let row = row as usize;
+        out[i * d..(i + 1) * d].copy_from_slice(&td[row * d..(row + 1) * d]);
+    }
+    let mut shape = ids.shape().to_vec();
+    shape.push(d);
+    make(shape, out)
+}

@@ -1,0 +1,133 @@
+//! `--tp N` on the command line: `run` on the CPU gives the single-device tokens and logits,
+//! `dump` prints one rank's sharded graph, and a degree that does not divide is refused with
+//! exit 2 naming the size.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn glmc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_glmc"))
+        .args(args)
+        .output()
+        .expect("glmc runs")
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "glmc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn failure(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn logits(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    t.data()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn run_on_tp_2_and_4_gives_the_single_device_tokens_and_logits() {
+    let fixture = repo("tests/oracle/fixtures/sparse");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |tp: &str| {
+        let dump = dir.path().join(format!("tp{tp}.safetensors"));
+        let out = glmc(&[
+            "run",
+            fixture.to_str().unwrap(),
+            "--prompt-ids",
+            "5,9,200,17,3,3,41,7,99,12",
+            "--max-new-tokens",
+            "6",
+            "--device",
+            "cpu",
+            "--tp",
+            tp,
+            "--dump-logits",
+            dump.to_str().unwrap(),
+        ]);
+        (stdout(&out), logits(&dump))
+    };
+    let (tokens, reference) = run("1");
+    for tp in ["2", "4"] {
+        let (t, l) = run(tp);
+        assert_eq!(t, tokens, "TP={tp}");
+        let scale = reference.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = reference
+            .iter()
+            .zip(&l)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            l.len() == reference.len() && diff / scale <= 1e-5,
+            "TP={tp}: rel. {}",
+            diff / scale
+        );
+    }
+}
+
+#[test]
+fn a_degree_that_does_not_divide_the_heads_exits_2_naming_them() {
+    let fixture = repo("tests/oracle/fixtures/sparse");
+    let out = glmc(&[
+        "run",
+        fixture.to_str().unwrap(),
+        "--prompt-ids",
+        "5,9",
+        "--tp",
+        "3",
+    ]);
+    let e = failure(&out);
+    assert!(
+        e.contains("num_attention_heads 4 is not divisible by the TP degree 3"),
+        "{e}"
+    );
+    let out = glmc(&["dump", "models/tiny-sparse.ron", "--tp", "2", "--rank", "2"]);
+    assert!(failure(&out).contains("--rank 2 is not a rank of --tp 2"));
+}
+
+/// GLM-5 at TP=2: rank 1 holds 32 of the 64 heads (q_b_proj 8192 rows, its half of
+/// kv_b_proj's head blocks, o_proj's matching 8192 columns) and reduces after o_proj and the MLP.
+#[test]
+fn dump_shows_a_rank_of_glm5_with_its_shapes_and_collectives() {
+    let out = stdout(&glmc(&[
+        "dump",
+        "models/glm5.ron",
+        "--phase",
+        "decode",
+        "--tp",
+        "2",
+        "--rank",
+        "1",
+    ]));
+    assert!(
+        out.starts_with("glmc.module \"glm5\" tp=2 rank=1\n"),
+        "{}",
+        &out[..80]
+    );
+    for line in [
+        "weight {recipe=slice(hf(\"model.layers.0.self_attn.q_b_proj.weight\", [16384, 2048]), 0, 8192, 16384)} : bf16[8192,2048]",
+        "slice(hf(\"model.layers.0.self_attn.kv_b_proj.weight\", [28672, 512]), 0, 14336, 28672), [32, 448, 512])",
+        "weight {recipe=slice(hf(\"model.layers.0.self_attn.o_proj.weight\", [6144, 16384]), 1, 8192, 16384)} : bf16[6144,8192]",
+        "all_reduce %53 {op=sum, ranks=2} : bf16[b,6144] \"model.layers.0.self_attn.o_proj\"",
+        "embed.shard %5, %0 {start=77440} : bf16[b,6144] \"model.embed_tokens.partial\"",
+        "all_gather",
+    ] {
+        assert!(out.contains(line), "missing {line}");
+    }
+}
