@@ -44,7 +44,17 @@ fn logits(path: &Path) -> Vec<f32> {
 
 #[test]
 fn run_on_tp_2_and_4_gives_the_single_device_tokens_and_logits() {
-    let fixture = repo("tests/oracle/fixtures/sparse");
+    same_tokens_and_logits("sparse", &["2", "4"]);
+}
+
+/// The six-head oracle fixture divides by 3 and 6, what `--device cpu --tp 3` needs.
+#[test]
+fn run_on_tp_3_and_6_gives_the_single_device_tokens_and_logits() {
+    same_tokens_and_logits("six-heads", &["3", "6"]);
+}
+
+fn same_tokens_and_logits(case: &str, degrees: &[&str]) {
+    let fixture = repo(&format!("tests/oracle/fixtures/{case}"));
     let dir = tempfile::tempdir().unwrap();
     let run = |tp: &str| {
         let dump = dir.path().join(format!("tp{tp}.safetensors"));
@@ -65,9 +75,9 @@ fn run_on_tp_2_and_4_gives_the_single_device_tokens_and_logits() {
         (stdout(&out), logits(&dump))
     };
     let (tokens, reference) = run("1");
-    for tp in ["2", "4"] {
+    for &tp in degrees {
         let (t, l) = run(tp);
-        assert_eq!(t, tokens, "TP={tp}");
+        assert_eq!(t, tokens, "{case} TP={tp}");
         let scale = reference.iter().fold(0f32, |m, x| m.max(x.abs()));
         let diff = reference
             .iter()
@@ -75,7 +85,7 @@ fn run_on_tp_2_and_4_gives_the_single_device_tokens_and_logits() {
             .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(
             l.len() == reference.len() && diff / scale <= 1e-5,
-            "TP={tp}: rel. {}",
+            "{case} TP={tp}: rel. {}",
             diff / scale
         );
     }

@@ -127,17 +127,38 @@ fn six_heads_tp2_tp3_tp6() {
 }
 
 #[test]
-fn every_fixture_tp2_tp4() {
+fn every_fixture_at_every_degree_that_divides_it() {
+    let mut checked = Vec::new();
     for dir in oracle_fixtures() {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         let config = glmc_models::import_hf(&dir).unwrap().config;
+        // The sizes tp-partition splits (attention heads, the dense and expert MLP widths,
+        // the vocabulary).
+        let mut sizes = vec![
+            config.num_attention_heads,
+            config.intermediate_size,
+            config.vocab_size,
+        ];
+        sizes.push(config.moe.moe_intermediate_size);
+        let degrees: Vec<u64> = [2, 3, 4, 6]
+            .into_iter()
+            .filter(|d| sizes.iter().all(|s| s % d == 0))
+            .collect();
         let module = build(&config);
         let weights = Weights::open(&dir);
         let tokens = fixture_tokens(&dir);
         let (prompt, decode) = tokens.split_at(tokens.len() - 2);
         let workload = Workload::single(prompt, decode);
-        check_degrees(&name, &module, &weights, &workload, &[2, 4]);
+        check_degrees(&name, &module, &weights, &workload, &degrees);
+        checked.push((name, degrees));
     }
+    // The six-head fixture exists for the odd degrees: they must have run.
+    assert!(
+        checked
+            .iter()
+            .any(|(n, d)| n == "six-heads" && d.contains(&3) && d.contains(&6)),
+        "{checked:?}"
+    );
 }
 
 #[test]

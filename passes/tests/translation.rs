@@ -370,12 +370,13 @@ fn a_wrong_rewrite_is_caught() {
 // The oracle fixtures, real weights
 
 /// The cases `tests/oracle/fixtures` holds; a new one must be added here to be validated.
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "dense-equivalent",
     "group-routing",
     "no-dense",
     "one-token",
     "shared-indexer",
+    "six-heads",
     "sparse",
 ];
 
@@ -461,6 +462,11 @@ fn fixture_one_token() {
 #[test]
 fn fixture_shared_indexer() {
     validate(&fixture_case("shared-indexer"));
+}
+
+#[test]
+fn fixture_six_heads() {
+    validate(&fixture_case("six-heads"));
 }
 
 #[test]

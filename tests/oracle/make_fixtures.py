@@ -141,6 +141,12 @@ CASES = [
          what="one-token prompt (prefill of length 1 must not be treated as decode) and 8 cached "
               "decode steps; index_topk 4 so the later decode steps are sparse",
          cfg=dict(index_topk=4)),
+    dict(name="six-heads", seed0=7000, prompt_len=20, new_tokens=6,
+         what="6 attention heads, vocab 264, moe_intermediate_size 24: every size tp-partition "
+              "splits (heads, intermediate 96, MoE and shared-expert width 24, vocab) divides "
+              "by 2, 3 and 6",
+         cfg=dict(num_attention_heads=6, num_key_value_heads=6, vocab_size=264,
+                  moe_intermediate_size=24)),
 ]
 
 
