@@ -231,6 +231,11 @@ impl GridDim {
         }
     }
 
+    /// One block per unit of `work` (a row, a token, a query and head).
+    pub fn one_block_each(work: Poly) -> GridDim {
+        GridDim { work, per_block: 1 }
+    }
+
     pub fn eval(&self, bindings: &Bindings) -> Option<u64> {
         let work = u64::try_from(self.work.eval(bindings)?).ok()?;
         Some(work.div_ceil(self.per_block))

@@ -411,13 +411,7 @@ fn norm(cx: &NodeCtx, add: bool, layernorm: bool, eps: f64) -> Result<Lowering, 
     }
     args.push(int("rows", y_rows.rows.clone()));
     args.push(float("eps", eps));
-    Ok(k.launch(
-        GridDim {
-            work: y_rows.rows,
-            per_block: 1,
-        },
-        args,
-    ))
+    Ok(k.launch(GridDim::one_block_each(y_rows.rows), args))
 }
 
 /// The interpreter's frequencies, `theta^(−2i/R)` in f64, written so that the f64 literal in the
@@ -498,13 +492,7 @@ fn embed(cx: &NodeCtx) -> Result<Lowering, String> {
         cx.ptr("ids", ids),
         int("rows", y_rows.rows.clone()),
     ];
-    Ok(k.launch(
-        GridDim {
-            work: y_rows.rows,
-            per_block: 1,
-        },
-        args,
-    ))
+    Ok(k.launch(GridDim::one_block_each(y_rows.rows), args))
 }
 
 fn cache_update(cx: &NodeCtx, batched: bool) -> Result<Lowering, String> {
@@ -623,13 +611,7 @@ fn sample(cx: &NodeCtx, top_p: bool) -> Result<Lowering, String> {
         }
     }
     args.push(int("rows", rows.rows.clone()));
-    Ok(k.launch(
-        GridDim {
-            work: rows.rows,
-            per_block: 1,
-        },
-        args,
-    ))
+    Ok(k.launch(GridDim::one_block_each(rows.rows), args))
 }
 
 /// A tensor's leading axes (all but the last `keep`) as rows: `inner` rows `row_stride` apart,
@@ -950,13 +932,8 @@ fn attention(
     let rows = out.shape[0].clone();
     args.push(int("rows", rows.clone()));
     args.push(float("scale", scale));
-    Ok(b.shared(shared as u32).launch(
-        GridDim {
-            work: rows.scale(heads as i64),
-            per_block: 1,
-        },
-        args,
-    ))
+    Ok(b.shared(shared as u32)
+        .launch(GridDim::one_block_each(rows.scale(heads as i64)), args))
 }
 
 fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
@@ -1050,13 +1027,7 @@ fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
         cx.ptr("positions", positions),
         int("rows", rows.clone()),
     ];
-    Ok(b.launch(
-        GridDim {
-            work: rows,
-            per_block: 1,
-        },
-        args,
-    ))
+    Ok(b.launch(GridDim::one_block_each(rows), args))
 }
 
 fn moe_route(
@@ -1116,13 +1087,7 @@ fn moe_route(
         cx.ptr("bias", bias),
         int("rows", rows.clone()),
     ];
-    Ok(b.launch(
-        GridDim {
-            work: rows,
-            per_block: 1,
-        },
-        args,
-    ))
+    Ok(b.launch(GridDim::one_block_each(rows), args))
 }
 
 fn moe_experts(cx: &NodeCtx) -> Result<Lowering, String> {
@@ -1181,11 +1146,5 @@ fn moe_experts(cx: &NodeCtx) -> Result<Lowering, String> {
         cx.ptr("down", down),
         int("rows", rows.clone()),
     ];
-    Ok(b.launch(
-        GridDim {
-            work: rows,
-            per_block: 1,
-        },
-        args,
-    ))
+    Ok(b.launch(GridDim::one_block_each(rows), args))
 }
