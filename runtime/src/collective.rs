@@ -34,10 +34,13 @@ pub enum CollectiveError {
 /// What a collective that another rank's failure ended says.
 pub const ABORTED: &str = "another rank of the group failed, so this collective cannot complete";
 
+/// One collective in flight: each rank's part, and how many ranks have taken the parts.
+type Slot = (Vec<Option<Arc<Tensor>>>, usize);
+
 #[derive(Default)]
 struct State {
-    /// (node name, round) → each rank's part and how many ranks have taken the parts.
-    slots: HashMap<(String, u64), (Vec<Option<Arc<Tensor>>>, usize)>,
+    /// By (node name, round).
+    slots: HashMap<(String, u64), Slot>,
     aborted: bool,
 }
 
