@@ -234,7 +234,10 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::CacheUpdate { batched, .. } => cache_update(cx, *batched),
         Op::SampleArgmax {} => sample(cx, false),
         Op::SampleTopP {} => sample(cx, true),
-        Op::Matmul {} => matmul(cx, false, None),
+        Op::Matmul {} => match tensor_core_matmul(cx) {
+            Some(lowering) => Ok(lowering),
+            None => matmul(cx, false, None),
+        },
         Op::MatmulHeads {} => matmul(cx, true, None),
         Op::MatmulRope {
             end,
@@ -697,6 +700,54 @@ struct RopeColumns {
 }
 
 /// `matmul`, `matmul.heads` (`heads`) and `matmul.rope` (`rope`): the baseline tiled GEMM.
+/// Rows of the tensor-core GEMM's block tile (its template fixes them, with its columns).
+const MMA_TILE: u64 = 128;
+
+/// A prefill `matmul` of bf16 operands on the tensor cores (`gemm_mma.cu`), or `None` where it
+/// does not apply and the baseline runs: another dtype, a K that 16-byte loads cannot cover,
+/// unaligned rows, or a decode, whose handful of rows a 128-row tile would mostly waste (the
+/// skinny decode GEMV is the next kernel).
+fn tensor_core_matmul(cx: &NodeCtx) -> Option<Lowering> {
+    let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
+    if x.dtype != DType::BF16 || w.dtype != DType::BF16 || !w.is_contiguous() {
+        return None;
+    }
+    let (xr, yr) = (x.rows()?, y.rows()?);
+    let k = xr.cols.as_const()? as u64;
+    let n = yr.cols.as_const()? as u64;
+    let prefill = xr.rows.symbols().any(|s| s == "s");
+    let aligned = xr.stride.divisible_by(8) && x.offset_bytes.divisible_by(16);
+    if !prefill || k % 8 != 0 || !aligned || xr.rows != yr.rows {
+        return None;
+    }
+    let b = Builder::new("gemm_mma", 256)
+        .param("k", k)
+        .param("n", n)
+        .dtype("y_t", y.dtype)
+        .ok()?
+        .shared(2 * 2 * (MMA_TILE * (32 + 8) * 2) as u32);
+    let args = vec![
+        cx.ptr("y", y),
+        int("y_row", yr.stride),
+        cx.ptr("x", x),
+        int("x_row", xr.stride),
+        cx.ptr("w", w),
+        int("rows", xr.rows.clone()),
+    ];
+    // Whole row tiles times the column tiles; blocks past the last row tile return at once.
+    let work = xr
+        .rows
+        .add(&Poly::constant(MMA_TILE as i64 - 1))
+        .scale(n.div_ceil(MMA_TILE) as i64);
+    Some(b.launch(
+        GridDim {
+            work,
+            per_block: MMA_TILE,
+        },
+        args,
+    ))
+}
+
 fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Lowering, String> {
     let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     if !w.is_contiguous() {

@@ -13,6 +13,7 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("dsa_score", include_str!("../templates/dsa_score.cu")),
     ("dsa_topk", include_str!("../templates/dsa_topk.cu")),
     ("embed", include_str!("../templates/embed.cu")),
+    ("gemm_mma", include_str!("../templates/gemm_mma.cu")),
     ("matmul", include_str!("../templates/matmul.cu")),
     ("moe_experts", include_str!("../templates/moe_experts.cu")),
     ("moe_route", include_str!("../templates/moe_route.cu")),

@@ -60,3 +60,54 @@ fn a_kernel_that_does_not_compile_is_an_error_naming_the_target() {
         "{text}"
     );
 }
+
+/// GLM-5's prefill GEMMs run on the tensor cores: the SASS of the tensor-core kernel has HMMA
+/// (read with cuobjdump, which the pinned toolchain installs next to nvcc).
+#[test]
+fn glm5_prefill_gemms_use_hmma() {
+    let nvcc = compiler();
+    let l = lowered("glm5.ron", Target::Sm120);
+    let prefill = l.phases.iter().find(|p| p.function == "prefill").unwrap();
+    let o_proj = prefill
+        .launches()
+        .find(|x| x.node == "model.layers.0.self_attn.o_proj")
+        .unwrap();
+    assert!(
+        o_proj.kernel.starts_with("glmc_gemm_mma_"),
+        "{}",
+        o_proj.kernel
+    );
+    let source = render::render(&l.kernels).unwrap();
+    let compiled = nvcc::compile(
+        &nvcc,
+        &source,
+        Target::Sm120,
+        nvcc::default_cache_dir().as_deref(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cubin = dir.path().join("k.cubin");
+    std::fs::write(&cubin, &compiled.cubin).unwrap();
+    let bin = nvcc.path.parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new(bin.join("cuobjdump"))
+        .arg("-sass")
+        .arg(&cubin)
+        .env("PATH", path)
+        .output()
+        .expect("cuobjdump next to nvcc (scripts/cuda-toolchain.sh installs it)");
+    let sass = String::from_utf8_lossy(&out.stdout);
+    let body = sass
+        .split("Function : ")
+        .find(|f| f.starts_with(&o_proj.kernel))
+        .unwrap_or_else(|| panic!("no SASS for {}", o_proj.kernel));
+    assert!(
+        body.contains("HMMA.16816.F32.BF16"),
+        "no bf16 HMMA in {}",
+        o_proj.kernel
+    );
+}
