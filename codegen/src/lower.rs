@@ -207,7 +207,7 @@ impl<'a> State<'a> {
         }
     }
 
-    /// A fresh arena buffer for `ty`-sized bytes, live from `step`.
+    /// A fresh arena buffer holding `at` at the planned sizes, live from `step`.
     fn new_buffer(
         &mut self,
         at: &TensorRef,
