@@ -145,9 +145,10 @@ impl Phase {
                                 .join(" ")
                         })
                         .unwrap_or_default();
+                    let shared = k.map_or(0, |k| k.shared_bytes);
                     let _ = writeln!(
                         out,
-                        "  {} {:?}: {}<<<{}, {}>>> {{{tiles}}}",
+                        "  {} {:?}: {}<<<{}, {}>>> smem={shared} {{{tiles}}}",
                         l.op, l.node, l.kernel, l.grid, l.block
                     );
                     for a in &l.args {
