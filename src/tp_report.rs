@@ -227,12 +227,18 @@ pub fn section(
     }
     writeln!(
         out,
-        "  (datasheet-level assumptions, not measurements; no overlap with compute assumed)"
+        "  (datasheet-level assumptions, not measurements; no overlap with compute assumed; the us columns are all the row's calls of one step)"
     )?;
     writeln!(
         out,
         "  {:>5}  {:<10}  {:<34}  {:>12}  {:>12}  {:>18}  {:>18}",
-        "calls", "op", "node", "B/call b=1", "B/call b=64", "NVLink us b=1/64", "PCIe us b=1/64"
+        "calls",
+        "op",
+        "node",
+        format!("B/call b={}", BATCHES[0]),
+        format!("B/call b={}", BATCHES[1]),
+        format!("NVLink us b={}/{}", BATCHES[0], BATCHES[1]),
+        format!("PCIe us b={}/{}", BATCHES[0], BATCHES[1])
     )?;
     let mut totals = [[0f64; 2]; 2];
     for ((op, name, bytes), count) in &calls {
