@@ -106,7 +106,8 @@ fn tp_1_leaves_the_report_unchanged() {
 }
 
 /// GLM-5 at TP=8 on sm120: the single-device report, then the tensor-parallel section. The
-/// numbers checked by hand here are the ones the README quotes.
+/// numbers checked by hand here are the ones the README quotes, and the README shows the section
+/// verbatim.
 #[test]
 fn glm5_tp8_report() {
     let (stdout, file) = report_with("models/glm5.ron", "sm120", &["--tp", "8"]);
@@ -146,6 +147,10 @@ fn glm5_tp8_report() {
             .count(),
         2,
         "{section}"
+    );
+    assert!(
+        read_repo("README.md").contains(section.trim_start()),
+        "README's tensor-parallelism section no longer shows this report:\n{section}"
     );
     insta::assert_snapshot!("glm5_tp8_report", stdout);
 }
