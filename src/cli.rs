@@ -99,6 +99,12 @@ pub struct CompileArgs {
     /// empty cache; decode: batch 64 at a 131072-token context).
     #[arg(long)]
     pub report: bool,
+    /// Tensor parallelism over --tp ranks: the degree must divide the heads, the intermediate
+    /// sizes and the vocabulary (exit 2 otherwise), and --report adds per-rank memory, the
+    /// collectives per decode step and what fits on which GPU. The artifact stays the
+    /// single-device one.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub tp: u64,
     /// Print each pass's wall time and whether it changed the module (stderr; never in the artifact).
     #[arg(long)]
     pub time_passes: bool,

@@ -109,6 +109,12 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     }
     let lowered = lower(&built, target, &args.limits)?;
     let module = &built.module;
+    // Partitioned before anything is written, so a degree that does not divide fails cleanly.
+    let rank0 = if args.tp > 1 {
+        Some(crate::tp_report::rank_zero(module, args.tp)?)
+    } else {
+        None
+    };
     let out = args
         .output
         .clone()
@@ -178,7 +184,15 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         ));
     }
     let report = if args.report {
-        let text = crate::report::report(module, target, &lowered)?;
+        let mut text = crate::report::report(module, target, &lowered)?;
+        if let Some(rank0) = &rank0 {
+            text.push_str(&crate::tp_report::section(
+                module,
+                rank0,
+                args.tp,
+                built.config.max_position_embeddings,
+            )?);
+        }
         text_files.push(("report.txt".into(), text.clone()));
         Some(text)
     } else {

@@ -13,6 +13,7 @@ mod inspect;
 mod model_source;
 mod report;
 mod run;
+mod tp_report;
 
 use std::process::ExitCode;
 

@@ -16,7 +16,7 @@ use glmc_passes::plan_memory::{
 };
 
 /// `1234567` → `1,234,567`.
-fn grouped(n: u64) -> String {
+pub(crate) fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let groups: Vec<&str> = digits
         .as_bytes()
@@ -264,7 +264,7 @@ fn costs(out: &mut String, module: &Module, target: Target) -> std::fmt::Result 
 }
 
 /// `model.layers.12.mlp.gate` → `model.layers.*.mlp.gate`.
-fn fold_layer(name: &str) -> String {
+pub(crate) fn fold_layer(name: &str) -> String {
     match layer_of(name) {
         Some(l) => name.replacen(&format!("model.layers.{l}."), "model.layers.*.", 1),
         None => name.to_string(),
