@@ -717,7 +717,7 @@ fn tensor_core_matmul(cx: &NodeCtx) -> Option<Lowering> {
     let n = yr.cols.as_const()? as u64;
     let prefill = xr.rows.symbols().any(|s| s == "s");
     let aligned = xr.stride.divisible_by(8) && x.offset_bytes.divisible_by(16);
-    if !prefill || k % 8 != 0 || !aligned || xr.rows != yr.rows {
+    if !prefill || !k.is_multiple_of(8) || !aligned || xr.rows != yr.rows {
         return None;
     }
     let b = Builder::new("gemm_mma", 256)
