@@ -123,21 +123,7 @@ fn eval(module: &Module, f: &Function, n: glmc_ir::NodeIndex, operands: &[Tensor
         .enumerate()
         .map(|(i, v)| mini.push_input(i as u64, format!("in{i}"), f.value_type(*v).clone()))
         .collect();
-    let m = mini.add_node(
-        node.op.clone(),
-        node.name.clone(),
-        &ins,
-        node.outputs.clone(),
-    );
-    for k in 0..node.outputs.len() {
-        mini.results.push((
-            format!("out{k}"),
-            Value {
-                node: m,
-                output: k as u32,
-            },
-        ));
-    }
+    mini.push_alone(node, &ins);
     let _ = module;
     run_function(
         &Module::new("node"),

@@ -209,6 +209,28 @@ impl Function {
     }
 
     /// The `input` nodes, by argument index.
+    /// Adds a copy of `node` (op, name, output types) reading `operands`, and makes each of its
+    /// outputs a result, named `out0`, `out1`, …: one node as a function of its own, which is how
+    /// a single op is run and compared (the GPU kernel harness, the lowering's executor test).
+    pub fn push_alone(&mut self, node: &Node, operands: &[Value]) -> NodeIndex {
+        let n = self.add_node(
+            node.op.clone(),
+            node.name.clone(),
+            operands,
+            node.outputs.clone(),
+        );
+        for k in 0..node.outputs.len() {
+            self.results.push((
+                format!("out{k}"),
+                Value {
+                    node: n,
+                    output: k as u32,
+                },
+            ));
+        }
+        n
+    }
+
     pub fn inputs(&self) -> Vec<NodeIndex> {
         let mut inputs: Vec<(u64, NodeIndex)> = self
             .graph

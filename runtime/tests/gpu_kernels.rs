@@ -110,21 +110,7 @@ fn cut(f: &Function, n: NodeIndex) -> Function {
         .map(|v| copy(f, v, &mut mini, &mut done))
         .collect();
     let node = f.node(n);
-    let m = mini.add_node(
-        node.op.clone(),
-        node.name.clone(),
-        &operands,
-        node.outputs.clone(),
-    );
-    for k in 0..node.outputs.len() {
-        mini.results.push((
-            format!("out{k}"),
-            Value {
-                node: m,
-                output: k as u32,
-            },
-        ));
-    }
+    mini.push_alone(node, &operands);
     mini
 }
 
