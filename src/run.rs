@@ -116,14 +116,11 @@ fn cuda_executor(
     context: usize,
     args: &RunArgs,
 ) -> anyhow::Result<CudaExecutor> {
-    let capability = Gpu::open(0)?.compute_capability()?;
-    let target = match capability {
-        (9, 0) => Target::Sm90a,
-        (12, 0) => Target::Sm120a,
-        (12, _) => Target::Sm120,
-        (major, minor) => bail!(
+    let (major, minor) = Gpu::open(0)?.compute_capability()?;
+    let Some(target) = Target::for_gpu(major, minor) else {
+        bail!(
             "this GPU is sm_{major}{minor}; glmc compiles for sm_90 (H100/H200) and sm_120 (RTX PRO 6000 Blackwell)"
-        ),
+        );
     };
     let positions = built.config.max_position_embeddings;
     if context as u64 > positions {

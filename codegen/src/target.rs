@@ -76,6 +76,27 @@ impl Target {
         self == Target::Sm120a
     }
 
+    /// The target to build for a GPU of compute capability `major.minor`: the `a` variant on the
+    /// GPU it was made for, plain sm_120 on the other 12.x parts (sm_121, GB10), where `a` code
+    /// does not run; `None` for a GPU glmc has no target for.
+    pub fn for_gpu(major: i32, minor: i32) -> Option<Target> {
+        match (major, minor) {
+            (9, 0) => Some(Target::Sm90a),
+            (12, 0) => Some(Target::Sm120a),
+            (12, _) => Some(Target::Sm120),
+            _ => None,
+        }
+    }
+
+    /// Whether code built for this target runs on a GPU of compute capability `major.minor`.
+    pub fn runs_on(self, major: i32, minor: i32) -> bool {
+        match self {
+            Target::Sm90 | Target::Sm90a => (major, minor) == (9, 0),
+            Target::Sm120 => major == 12,
+            Target::Sm120a => (major, minor) == (12, 0),
+        }
+    }
+
     /// The GPU whose numbers the cost model uses for this target.
     pub fn reference_gpu(self) -> &'static str {
         match self {
@@ -165,6 +186,25 @@ mod tests {
             err.contains("sm100") && err.contains("sm90, sm90a, sm120 and sm120a"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn gpus_get_the_target_their_code_runs_on() {
+        for (cc, t) in [
+            ((9, 0), Target::Sm90a),
+            ((12, 0), Target::Sm120a),
+            ((12, 1), Target::Sm120),
+        ] {
+            let target = Target::for_gpu(cc.0, cc.1).unwrap();
+            assert_eq!(target, t);
+            assert!(target.runs_on(cc.0, cc.1));
+        }
+        assert_eq!(Target::for_gpu(8, 0), None);
+        assert!(
+            !Target::Sm120a.runs_on(12, 1),
+            "sm_120a cubins do not run on sm_121"
+        );
+        assert!(!Target::Sm90a.runs_on(12, 0));
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn same(a: &Tensor, b: &Tensor) -> bool {
 }
 
 /// One node computed by the interpreter from operand tensors.
-fn eval(module: &Module, f: &Function, n: glmc_ir::NodeIndex, operands: &[Tensor]) -> Vec<Tensor> {
+fn eval(f: &Function, n: glmc_ir::NodeIndex, operands: &[Tensor]) -> Vec<Tensor> {
     let node = f.node(n);
     let mut mini = Function::new(f.name.clone());
     let ins: Vec<Value> = f
@@ -124,7 +124,6 @@ fn eval(module: &Module, f: &Function, n: glmc_ir::NodeIndex, operands: &[Tensor
         .map(|(i, v)| mini.push_input(i as u64, format!("in{i}"), f.value_type(*v).clone()))
         .collect();
     mini.push_alone(node, &ins);
-    let _ = module;
     run_function(
         &Module::new("node"),
         &mini,
@@ -138,7 +137,6 @@ fn eval(module: &Module, f: &Function, n: glmc_ir::NodeIndex, operands: &[Tensor
 /// Runs `f`'s schedule on the simulated memory, checking every operand it reads against what its
 /// producer wrote; returns the results.
 fn execute(
-    module: &Module,
     f: &Function,
     phase: &Phase,
     mem: &mut Memory,
@@ -236,7 +234,7 @@ fn execute(
                 }
             }
         }
-        let outs = eval(module, f, n, &operands);
+        let outs = eval(f, n, &operands);
         let is_view = phase
             .steps
             .iter()
@@ -384,7 +382,7 @@ fn check_model(file: &str) {
         mem.arena = vec![0xa5; prefill_phase.arena_bytes as usize];
         mem.slot = seq;
         let b = Bindings::from([("s".into(), len as u64), ("t".into(), len as u64)]);
-        let got = execute(&module, prefill, prefill_phase, &mut mem, &ins, &b);
+        let got = execute(prefill, prefill_phase, &mut mem, &ins, &b);
         for ((name, _), (g, w)) in prefill_phase.results.iter().zip(got.iter().zip(&want)) {
             assert!(
                 same(g, w),
@@ -401,7 +399,7 @@ fn check_model(file: &str) {
     mem.arena = vec![0x5a; decode_phase.arena_bytes as usize];
     let t = *lengths.iter().max().unwrap() as u64 + 1;
     let b = Bindings::from([("b".into(), 3), ("t".into(), t)]);
-    let got = execute(&module, decode, decode_phase, &mut mem, &ins, &b);
+    let got = execute(decode, decode_phase, &mut mem, &ins, &b);
     for ((name, _), (g, w)) in decode_phase.results.iter().zip(got.iter().zip(&want)) {
         assert!(same(g, w), "{file} decode: result {name} differs");
     }

@@ -192,11 +192,9 @@ struct Device {
 impl Device {
     fn open() -> Device {
         let gpu = Gpu::open(0).expect("a GPU");
-        let target = match gpu.compute_capability().unwrap() {
-            (9, 0) => Target::Sm90a,
-            (12, 0) => Target::Sm120a,
-            cc => panic!("no target for compute capability {cc:?}"),
-        };
+        let (major, minor) = gpu.compute_capability().unwrap();
+        let target = Target::for_gpu(major, minor)
+            .unwrap_or_else(|| panic!("no target for compute capability {major}.{minor}"));
         let compiler = nvcc::find(None)
             .unwrap()
             .expect("nvcc on PATH or $GLMC_NVCC");
@@ -361,8 +359,7 @@ fn input_of_operand(mini: &Function, k: usize) -> usize {
     }
 }
 
-fn limits_for(phase: &str) -> Limits {
-    let _ = phase;
+fn limits_for() -> Limits {
     Limits {
         max_prefill_tokens: 64,
         max_batch: 8,
@@ -449,7 +446,7 @@ fn check_node(
     }
     mini_module.functions.push(mini.clone());
     let b = small_bindings(&f.name);
-    let limits = limits_for(&f.name);
+    let limits = limits_for();
     let context = b
         .get("t")
         .copied()
@@ -535,7 +532,7 @@ fn every_kernel_instance_matches_the_interpreter() {
         let module = model(file);
         let config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
         for f in &module.functions {
-            let lowered = lower_module(&module, dev.target, limits_for(&f.name)).unwrap();
+            let lowered = lower_module(&module, dev.target, limits_for()).unwrap();
             let phase = lowered
                 .phases
                 .iter()

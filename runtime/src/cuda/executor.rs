@@ -5,11 +5,14 @@
 //! are allocated once, and each call uploads its inputs, runs the phase's launches in order and
 //! reads back its results.
 
+use std::sync::Arc;
+
 use cudarc::driver::CudaSlice;
 use glmc_codegen::artifact::Manifest;
 use glmc_codegen::expr::Bindings;
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::Phase;
+use glmc_codegen::Target;
 
 use super::{launch, CudaError, Gpu, Kernels, Memory};
 use crate::generate::{Call, Executor, GenerateError, PhaseKind};
@@ -20,8 +23,9 @@ use crate::tensor::Tensor;
 pub struct CudaExecutor {
     gpu: Gpu,
     kernels: Kernels,
-    prefill: Phase,
-    decode: Phase,
+    // Shared, so a call holds its schedule while it launches without copying it.
+    prefill: Arc<Phase>,
+    decode: Arc<Phase>,
     vocab: Option<usize>,
     max: glmc_codegen::Limits,
     memory: Memory,
@@ -33,17 +37,6 @@ pub struct CudaExecutor {
 
 fn artifact_error(why: impl Into<String>) -> CudaError {
     CudaError::Artifact(why.into())
-}
-
-/// `sm_120a` → (12, 0).
-fn arch_capability(arch: &str) -> Option<(i32, i32)> {
-    let digits: String = arch
-        .trim_start_matches("sm_")
-        .chars()
-        .take_while(|c| c.is_ascii_digit())
-        .collect();
-    let n: i32 = digits.parse().ok()?;
-    Some((n / 10, n % 10))
 }
 
 impl CudaExecutor {
@@ -61,20 +54,19 @@ impl CudaExecutor {
             .into());
         }
         let gpu = Gpu::open(0)?;
-        let have = gpu.compute_capability()?;
-        let want = arch_capability(&manifest.arch)
-            .ok_or_else(|| artifact_error(format!("unknown architecture {}", manifest.arch)))?;
-        // Plain sm_120 code runs on every 12.x GPU (sm_121, GB10, too); `a` code only on its own.
-        let runs = have == want || (manifest.arch == "sm_120" && have.0 == 12);
-        if !runs {
-            let target = match have {
-                (9, 0) => "sm90a",
-                (12, 0) => "sm120",
-                _ => "the target of this GPU",
-            };
+        let (major, minor) = gpu.compute_capability()?;
+        let target: Target = manifest
+            .target
+            .parse()
+            .map_err(|e| artifact_error(format!("manifest.ron: {e}")))?;
+        if !target.runs_on(major, minor) {
+            let fix = Target::for_gpu(major, minor)
+                .map_or("a target glmc has for it".to_string(), |t| {
+                    t.name().to_string()
+                });
             return Err(artifact_error(format!(
-                "the artifact is {}, this GPU is sm_{}{}: recompile with --target {target}",
-                manifest.arch, have.0, have.1
+                "the artifact is {}, this GPU is sm_{major}{minor}: recompile with --target {fix}",
+                manifest.arch
             ))
             .into());
         }
@@ -83,7 +75,7 @@ impl CudaExecutor {
                 .phases
                 .iter()
                 .find(|p| p.function == name)
-                .cloned()
+                .map(|p| Arc::new(p.clone()))
                 .ok_or_else(|| artifact_error(format!("the manifest has no `{name}` phase")))
         };
         let (prefill, decode) = (phase("prefill")?, phase("decode")?);
@@ -132,7 +124,7 @@ impl CudaExecutor {
         })
     }
 
-    fn phase(&self, kind: PhaseKind) -> &Phase {
+    fn phase(&self, kind: PhaseKind) -> &Arc<Phase> {
         match kind {
             PhaseKind::Prefill => &self.prefill,
             PhaseKind::Decode => &self.decode,
@@ -189,12 +181,10 @@ impl CudaExecutor {
             return Tensor::from_device_bytes(dims, at.dtype, &[], &[])
                 .map_err(|e| artifact_error(e.to_string()));
         }
-        let base = match &at.buf {
-            Buf::Arena => self.memory.arena,
-            Buf::Input(i) => self.memory.inputs[i],
-            Buf::Weight(w) => self.memory.weights[w],
-            Buf::State(s) => self.memory.states[s],
-        };
+        let base = self
+            .memory
+            .base(&at.buf)
+            .ok_or_else(|| artifact_error(format!("no memory for {}", at.buf)))?;
         let bytes = self.gpu.read_bytes(base + lo, (hi - lo) as usize)?;
         let local: Vec<u64> = offsets.iter().map(|o| o - lo).collect();
         Tensor::from_device_bytes(dims, at.dtype, &bytes, &local)
@@ -223,7 +213,7 @@ impl Executor for CudaExecutor {
         _trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
     ) -> Result<Vec<Tensor>, GenerateError> {
         let bindings = self.bindings(kind, inputs)?;
-        let phase = self.phase(kind).clone();
+        let phase = Arc::clone(self.phase(kind));
         if phase.inputs.len() != inputs.len() {
             return Err(artifact_error(format!(
                 "@{} takes {} inputs, {} given",
@@ -256,18 +246,5 @@ impl Executor for CudaExecutor {
             .collect::<Result<Vec<_>, _>>()?;
         drop(uploads);
         Ok(results)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn architectures_map_to_compute_capabilities() {
-        assert_eq!(arch_capability("sm_90a"), Some((9, 0)));
-        assert_eq!(arch_capability("sm_120a"), Some((12, 0)));
-        assert_eq!(arch_capability("sm_120"), Some((12, 0)));
-        assert_eq!(arch_capability("compute"), None);
     }
 }

@@ -151,15 +151,21 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// The address of `at`'s first element for `bindings`.
-    pub fn address(&self, at: &TensorRef, bindings: &Bindings) -> Result<u64, String> {
-        let base = match &at.buf {
+    /// The device address of `buf`'s first byte, when it has one.
+    pub fn base(&self, buf: &Buf) -> Option<u64> {
+        match buf {
             Buf::Arena => Some(self.arena),
             Buf::Input(i) => self.inputs.get(i).copied(),
             Buf::Weight(w) => self.weights.get(w).copied(),
             Buf::State(s) => self.states.get(s).copied(),
         }
-        .ok_or_else(|| format!("no memory for {}", at.buf))?;
+    }
+
+    /// The address of `at`'s first element for `bindings`.
+    pub fn address(&self, at: &TensorRef, bindings: &Bindings) -> Result<u64, String> {
+        let base = self
+            .base(&at.buf)
+            .ok_or_else(|| format!("no memory for {}", at.buf))?;
         let offset = at
             .offset_bytes
             .eval(bindings)
