@@ -9,8 +9,7 @@ use std::str::FromStr;
 use glmc_ir::Dim;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Values of the symbols, by name.
-pub type Bindings = BTreeMap<String, u64>;
+pub use glmc_passes::plan_memory::Bindings;
 
 /// `Σ coef · Π symbols`, kept normalised (no zero terms, symbols of a term sorted), so two equal
 /// polynomials compare equal. It is written as text in the manifest (`2*s*t + 64`).

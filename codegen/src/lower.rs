@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use glmc_ir::{Function, Module, NodeIndex, Op, Value};
-use glmc_passes::plan_memory::{place, Live};
+use glmc_passes::plan_memory::{decode_bindings, place, Live};
 use sha2::{Digest, Sha256};
 
 use crate::expr::{Bindings, Poly};
@@ -47,10 +47,7 @@ impl Limits {
                 ("s".to_string(), self.max_prefill_tokens),
                 ("t".to_string(), self.max_context),
             ]),
-            _ => Bindings::from([
-                ("b".to_string(), self.max_batch),
-                ("t".to_string(), self.max_context),
-            ]),
+            _ => decode_bindings(self.max_batch, self.max_context),
         }
     }
 }
