@@ -3,10 +3,12 @@
 #
 #   scripts/gpu-test.sh build   # here: builds the GPU test binaries (release, no debug info)
 #                               # into .gpu/ (git-ignored), small enough to carry (< 64 MiB)
-#   scripts/gpu-test.sh run     # on the GPU machine, from the repository root: runs them all
+#   scripts/gpu-test.sh run [FILTER]  # on the GPU machine, from the repository root: runs them
+#                               # all (or those whose name contains FILTER)
 #
 # The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in $OUT
-# (harness.txt, sampling.txt, bandwidth.md, log.txt) and are recorded in tests/gpu/README.md.
+# (harness.txt, sampling.txt, bandwidth.md, gemm.md, gemm_torch.md, log.txt) and are recorded in
+# tests/gpu/README.md.
 # The oracle's GPU test runs the `glmc` binary carried in .gpu/ on every fixture.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +36,12 @@ run)
     nvcc --version | tail -1
     status=0
     for t in gpu_kernels oracle; do
-        .gpu/$t --ignored --test-threads=1 --nocapture 2>&1 | tee -a "$GLMC_GPU_OUT/log.txt" || status=1
+        .gpu/$t --ignored --test-threads=1 --nocapture ${2:+"$2"} 2>&1 | tee -a "$GLMC_GPU_OUT/log.txt" || status=1
     done
+    # torch.matmul on the GEMM shapes the harness timed
+    if [ -f "$GLMC_GPU_OUT/gemm.json" ]; then
+        python3 scripts/torch_gemm.py "$GLMC_GPU_OUT/gemm.json" "$GLMC_GPU_OUT/gemm_torch.md" || status=1
+    fi
     exit $status
     ;;
 *)

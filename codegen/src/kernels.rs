@@ -25,14 +25,11 @@ const SAMPLE_THREADS: u32 = 1024;
 /// Candidates the top-p kernel sorts in shared memory (16 KiB): every token with probability at
 /// least 1/this fits, and for a peaked distribution they hold the whole nucleus.
 const NUCLEUS_CAP: u32 = 2048;
-/// Rows and columns of the baseline GEMM's output tile (its template fixes them, with 256
-/// threads).
-const GEMM_TILE: u64 = 64;
 /// Threads of the baseline attention kernel (one block per query row and head).
 const ATTENTION_THREADS: u32 = 128;
 /// Keys per block of `dsa.score`.
 const SCORE_TILE: u64 = 128;
-/// What a kernel may allocate statically (the launches pass no dynamic shared memory).
+/// What a kernel may allocate statically; more is dynamic shared memory, passed at launch.
 const STATIC_SHARED_LIMIT: u64 = 48 * 1024;
 
 /// A kernel specialisation before it is named.
@@ -42,6 +39,8 @@ pub struct Spec {
     pub params: BTreeMap<String, String>,
     pub threads: u32,
     pub shared_bytes: u32,
+    /// Whether `shared_bytes` is dynamic shared memory, passed at launch.
+    pub dynamic_shared: bool,
 }
 
 /// A launch before its kernel is named.
@@ -141,6 +140,7 @@ impl Builder {
                 params: BTreeMap::new(),
                 threads,
                 shared_bytes: 0,
+                dynamic_shared: false,
             },
         }
     }
@@ -155,8 +155,9 @@ impl Builder {
         Ok(self.param(k, c))
     }
 
-    fn shared(mut self, bytes: u32) -> Builder {
+    fn shared(mut self, bytes: u32, dynamic: bool) -> Builder {
         self.spec.shared_bytes = bytes;
+        self.spec.dynamic_shared = dynamic;
         self
     }
 
@@ -234,10 +235,7 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::CacheUpdate { batched, .. } => cache_update(cx, *batched),
         Op::SampleArgmax {} => sample(cx, false),
         Op::SampleTopP {} => sample(cx, true),
-        Op::Matmul {} => match tensor_core_matmul(cx) {
-            Some(lowering) => Ok(lowering),
-            None => matmul(cx, false, None),
-        },
+        Op::Matmul {} => matmul(cx, false, None),
         Op::MatmulHeads {} => matmul(cx, true, None),
         Op::MatmulRope {
             end,
@@ -391,7 +389,7 @@ fn norm(cx: &NodeCtx, add: bool, layernorm: bool, eps: f64) -> Result<Lowering, 
         .dtype("y_t", y.dtype)?
         .dtype("x_t", x.dtype)?
         .dtype("w_t", w.dtype)?
-        .shared(32 * 4);
+        .shared(32 * 4, false);
     let mut args = vec![cx.ptr("y", y), int("y_stride", y_rows.stride.clone())];
     if let Some((sr, dr, sum, d)) = &extra {
         k = k.dtype("r_t", sum.dtype)?.dtype("d_t", d.dtype)?;
@@ -598,7 +596,10 @@ fn sample(cx: &NodeCtx, top_p: bool) -> Result<Lowering, String> {
         .param("top_p", top_p)
         .param("cap", NUCLEUS_CAP)
         .dtype("x_t", logits.dtype)?
-        .shared(32 * 4 + SAMPLE_THREADS * 8 + 8 + if top_p { NUCLEUS_CAP * 8 + 12 } else { 0 });
+        .shared(
+            32 * 4 + SAMPLE_THREADS * 8 + 8 + if top_p { NUCLEUS_CAP * 8 + 12 } else { 0 },
+            false,
+        );
     let mut args = vec![
         cx.ptr("out", out),
         cx.ptr("logits", logits),
@@ -699,55 +700,64 @@ struct RopeColumns {
     end: u64,
 }
 
-/// `matmul`, `matmul.heads` (`heads`) and `matmul.rope` (`rope`): the baseline tiled GEMM.
-/// Rows of the tensor-core GEMM's block tile (its template fixes them, with its columns).
-const MMA_TILE: u64 = 128;
-
-/// A prefill `matmul` of bf16 operands on the tensor cores (`gemm_mma.cu`), or `None` where it
-/// does not apply and the baseline runs: another dtype, a K that 16-byte loads cannot cover,
-/// unaligned rows, or a decode, whose handful of rows a 128-row tile would mostly waste (the
-/// skinny decode GEMV is the next kernel).
-fn tensor_core_matmul(cx: &NodeCtx) -> Option<Lowering> {
-    let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
-    if x.dtype != DType::BF16 || w.dtype != DType::BF16 || !w.is_contiguous() {
-        return None;
-    }
-    let (xr, yr) = (x.rows()?, y.rows()?);
-    let k = xr.cols.as_const()? as u64;
-    let n = yr.cols.as_const()? as u64;
-    let prefill = xr.rows.symbols().any(|s| s == "s");
-    let aligned = xr.stride.divisible_by(8) && x.offset_bytes.divisible_by(16);
-    if !prefill || !k.is_multiple_of(8) || !aligned || xr.rows != yr.rows {
-        return None;
-    }
-    let b = Builder::new("gemm_mma", 256)
-        .param("k", k)
-        .param("n", n)
-        .dtype("y_t", y.dtype)
-        .ok()?
-        .shared(2 * 2 * (MMA_TILE * (32 + 8) * 2) as u32);
-    let args = vec![
-        cx.ptr("y", y),
-        int("y_row", yr.stride),
-        cx.ptr("x", x),
-        int("x_row", xr.stride),
-        cx.ptr("w", w),
-        int("rows", xr.rows.clone()),
-    ];
-    // Whole row tiles times the column tiles; blocks past the last row tile return at once.
-    let work = xr
-        .rows
-        .add(&Poly::constant(MMA_TILE as i64 - 1))
-        .scale(n.div_ceil(MMA_TILE) as i64);
-    Some(b.launch(
-        GridDim {
-            work,
-            per_block: MMA_TILE,
-        },
-        args,
-    ))
+/// A GEMM kernel and the output tile one block computes; the template fixes the tile, this
+/// mirrors it for the launch shape and the shared-memory check.
+struct GemmTile {
+    template: &'static str,
+    rows: u64,
+    cols: u64,
+    /// Shared memory a block uses, and whether it is dynamic (over 48 KiB needs that).
+    shared: u32,
+    dynamic: bool,
 }
 
+/// Any dtype, any shape: f32 FMA on 64 × 64 tiles (`matmul.cu`).
+const SIMT_GEMM: GemmTile = GemmTile {
+    template: "matmul",
+    rows: 64,
+    cols: 64,
+    shared: 2 * 16 * 68 * 4,
+    dynamic: false,
+};
+/// bf16 on the tensor cores, 128 × 128 tiles through a 4-stage cp.async ring (`gemm_mma.cu`).
+const TILED_GEMM: GemmTile = GemmTile {
+    template: "gemm_mma",
+    rows: 128,
+    cols: 128,
+    shared: 4 * (128 + 128) * (32 + 8) * 2,
+    dynamic: true,
+};
+/// bf16 on the tensor cores for a few rows: 64 × 16 tiles, split-K over 8 warps
+/// (`gemm_skinny.cu`).
+const SKINNY_GEMM: GemmTile = GemmTile {
+    template: "gemm_skinny",
+    rows: 64,
+    cols: 16,
+    shared: 8 * 32 * 32 * 4,
+    dynamic: false,
+};
+
+/// Which GEMM computes `y = x · wᵀ`: the tensor-core kernels need bf16 operands, a K that
+/// 16-byte vectors cover and 16-byte aligned rows; the tiled one takes the prefill's many rows
+/// (they carry the symbol `s`), the skinny one everything else (a decode's batch, the prefill's
+/// last rows). The rest, f32 validation runs included, take the SIMT baseline.
+fn gemm_tile(x: &TensorRef, w: &TensorRef, xl: &Lead, x_head: &Poly, k: u64) -> &'static GemmTile {
+    let bf16 = x.dtype == DType::BF16 && w.dtype == DType::BF16;
+    let aligned = [&xl.row_stride, &xl.outer_stride, x_head]
+        .iter()
+        .all(|s| s.divisible_by(8))
+        && x.offset_bytes.divisible_by(16);
+    if !bf16 || !aligned || !k.is_multiple_of(8) {
+        &SIMT_GEMM
+    } else if xl.rows.symbols().any(|s| s == "s") {
+        &TILED_GEMM
+    } else {
+        &SKINNY_GEMM
+    }
+}
+
+/// `matmul`, `matmul.heads` (`heads`: one weight matrix per head, x and y `[.., H, d]`) and
+/// `matmul.rope` (`rope`: a rotation of some columns at the row's position, as an epilogue).
 fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Lowering, String> {
     let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     if !w.is_contiguous() {
@@ -773,8 +783,9 @@ fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Loweri
     if y_rows != xl.rows {
         return Err(format!("x has {} rows, the output {y_rows}", xl.rows));
     }
+    let tile = gemm_tile(x, w, &xl, &x_head, k);
     let mut cols = n;
-    let mut b = Builder::new("matmul", 256)
+    let mut b = Builder::new(tile.template, 256)
         .param("op", cx.node.op.name())
         .param("k", k)
         .param("n", n)
@@ -783,7 +794,7 @@ fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Loweri
         .dtype("y_t", y.dtype)?
         .dtype("x_t", x.dtype)?
         .dtype("w_t", w.dtype)?
-        .shared(2 * 16 * 68 * 4);
+        .shared(tile.shared, tile.dynamic);
     let mut args = vec![
         cx.ptr("y", y),
         int("y_row", y_row),
@@ -827,14 +838,16 @@ fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Loweri
         args.push(int("rows_per_position", per_position));
     }
     args.push(int("rows", xl.rows.clone()));
-    let col_tiles = cols.div_ceil(GEMM_TILE) * h;
+    // Whole row tiles times the column tiles of every head; blocks past the last row tile
+    // return at once.
+    let col_tiles = cols.div_ceil(tile.cols) * h;
     Ok(b.launch(
         GridDim {
             work: xl
                 .rows
-                .add(&Poly::constant(GEMM_TILE as i64 - 1))
+                .add(&Poly::constant(tile.rows as i64 - 1))
                 .scale(col_tiles as i64),
-            per_block: GEMM_TILE,
+            per_block: tile.rows,
         },
         args,
     ))
@@ -983,7 +996,7 @@ fn attention(
     let rows = out.shape[0].clone();
     args.push(int("rows", rows.clone()));
     args.push(float("scale", scale));
-    Ok(b.shared(shared as u32)
+    Ok(b.shared(shared as u32, false)
         .launch(GridDim::one_block_each(rows.scale(heads as i64)), args))
 }
 
@@ -1018,7 +1031,7 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
         .dtype("q_t", q.dtype)?
         .dtype("w_t", w.dtype)?
         .dtype("k_t", k.dtype)?
-        .shared(shared as u32);
+        .shared(shared as u32, false);
     if out.dtype != DType::F32 {
         return Err(format!("scores must be f32 ({out})"));
     }
@@ -1069,7 +1082,7 @@ fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
     let b = Builder::new("dsa_topk", 1024)
         .param("k", k)
         .param("pow2", pow2)
-        .shared(shared as u32);
+        .shared(shared as u32, false);
     let args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),
@@ -1127,7 +1140,7 @@ fn moe_route(
         .param("scaling", format!("{scaling:e}"))
         .dtype("logits_t", logits.dtype)?
         .dtype("bias_t", bias.dtype)?
-        .shared(shared as u32);
+        .shared(shared as u32, false);
     let args = vec![
         cx.ptr("weights", weights),
         int("weights_row", weights_row),
@@ -1182,7 +1195,7 @@ fn moe_experts(cx: &NodeCtx) -> Result<Lowering, String> {
         .dtype("gate_t", gate.dtype)?
         .dtype("up_t", up.dtype)?
         .dtype("down_t", down.dtype)?
-        .shared(shared as u32);
+        .shared(shared as u32, false);
     let args = vec![
         cx.ptr("y", y),
         int("y_row", y_row),

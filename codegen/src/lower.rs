@@ -404,6 +404,11 @@ pub fn lower_function(
                     kernel,
                     grid: planned.grid,
                     block: planned.spec.threads,
+                    dynamic_shared_bytes: if planned.spec.dynamic_shared {
+                        planned.spec.shared_bytes
+                    } else {
+                        0
+                    },
                     args: planned.args,
                     outputs: outputs.iter().map(resolve).collect(),
                 })
@@ -711,6 +716,7 @@ mod tests {
             params: Default::default(),
             threads: 256,
             shared_bytes: bytes,
+            dynamic_shared: true,
         };
         for target in Target::ALL {
             assert!(check_shared_memory(&spec(99 * 1024), "n", target).is_ok());

@@ -4,7 +4,8 @@ use tera::{Context, Tera};
 
 use crate::schedule::Kernel;
 
-/// Every template, by name; each is a readable CUDA file with a small parameter block.
+/// Every template, by name; each is a readable CUDA file with a small parameter block (`.cuh`:
+/// a part other templates include).
 pub const TEMPLATES: &[(&str, &str)] = &[
     ("attention", include_str!("../templates/attention.cu")),
     ("cache", include_str!("../templates/cache.cu")),
@@ -13,7 +14,9 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("dsa_score", include_str!("../templates/dsa_score.cu")),
     ("dsa_topk", include_str!("../templates/dsa_topk.cu")),
     ("embed", include_str!("../templates/embed.cu")),
+    ("gemm_head.cuh", include_str!("../templates/gemm_head.cuh")),
     ("gemm_mma", include_str!("../templates/gemm_mma.cu")),
+    ("gemm_skinny", include_str!("../templates/gemm_skinny.cu")),
     ("matmul", include_str!("../templates/matmul.cu")),
     ("moe_experts", include_str!("../templates/moe_experts.cu")),
     ("moe_route", include_str!("../templates/moe_route.cu")),

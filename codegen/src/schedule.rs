@@ -50,6 +50,9 @@ pub struct Launch {
     pub kernel: String,
     pub grid: GridDim,
     pub block: u32,
+    /// Dynamic shared memory the launch passes, in bytes (0: the kernel's is all static).
+    #[serde(default)]
+    pub dynamic_shared_bytes: u32,
     pub args: Vec<Arg>,
     /// Where the node's outputs land (for a copy: the part of the concat it fills).
     pub outputs: Vec<TensorRef>,
@@ -146,9 +149,14 @@ impl Phase {
                         })
                         .unwrap_or_default();
                     let shared = k.map_or(0, |k| k.shared_bytes);
+                    let dynamic = if l.dynamic_shared_bytes > 0 {
+                        " (dynamic)"
+                    } else {
+                        ""
+                    };
                     let _ = writeln!(
                         out,
-                        "  {} {:?}: {}<<<{}, {}>>> smem={shared} {{{tiles}}}",
+                        "  {} {:?}: {}<<<{}, {}>>> smem={shared}{dynamic} {{{tiles}}}",
                         l.op, l.node, l.kernel, l.grid, l.block
                     );
                     for a in &l.args {

@@ -1,45 +1,52 @@
-// matmul (tensor cores): y[M, {{ n }}] = x[M, {{ k }}] · w[{{ n }}, {{ k }}]ᵀ, bf16 operands, f32
-// accumulation with mma.sync.m16n8k16 (the instruction SM120 has; no wgmma, no tcgen05).
-// Block tile 128×128×32 on 8 warps arranged 4 (rows) × 2 (columns), each warp 32×64: per 16-wide
-// k step, 2×8 mma from fragments read out of shared memory with 32-bit loads. Two shared stages
-// of 128×(32+8) bf16 for x and for w, 40 KiB: the next k tile is loaded into registers while the
-// current one is multiplied, then stored to the other stage. The 8-element row pad puts the rows
-// a fragment load touches on distinct banks. Rows past M and columns past N are zero-filled on
-// the way in and skipped on the way out; K is a multiple of 8 (16-byte loads).
-extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
-    {{ y_t }}* __restrict__ y, i64 y_row,
-    const bf16* __restrict__ x, i64 x_row,
-    const bf16* __restrict__ w,
-    i64 rows)
-{
-    constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8;
-    constexpr i64 N = {{ n }}, K = {{ k }}, N_TILES = (N + BN - 1) / BN;
-    __shared__ __align__(16) bf16 sx[2][BM * LDS];
-    __shared__ __align__(16) bf16 sw[2][BN * LDS];
-    const i64 m0 = (i64)(blockIdx.x / N_TILES) * BM, n0 = (i64)(blockIdx.x % N_TILES) * BN;
+{% include "gemm_head.cuh" %}
+    // Tensor-core GEMM for many rows (prefill): bf16 operands, f32 accumulation with
+    // mma.sync.m16n8k16, the instruction SM120 has (no wgmma, no tcgen05). Block tile 128 × 128
+    // on 8 warps as 4 (rows) × 2 (columns) of 32 × 64 each, so one 16-wide k step is 2 + 4
+    // ldmatrix.x4 for 16 MMAs. K moves in steps of 32 through a 4-stage cp.async ring in dynamic
+    // shared memory, 4 × (128 + 128) × 40 bf16 = 80 KiB of SM120's 99 KiB: three tiles are in
+    // flight while the fourth is multiplied, which hides global latency without a second block
+    // per SM. The 8-element row pad (80-byte rows) puts the eight 16-byte rows an ldmatrix phase
+    // reads on distinct banks. Rows past `rows` and columns past N are zero-filled on the way in
+    // and skipped on the way out; K is a multiple of 8 (16-byte copies).
+    constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8, STAGES = 4;
+    constexpr int N_TILES = (COLS + BN - 1) / BN;
+    constexpr int STEPS = (K + BK - 1) / BK;
+    extern __shared__ __align__(16) bf16 smem[];
+    bf16* const sx = smem;                      // [STAGES][BM][LDS]
+    bf16* const sw = smem + STAGES * BM * LDS;  // [STAGES][BN][LDS]
+
+    i64 b = blockIdx.x;
+    const int nt = (int)(b % N_TILES);
+    b /= N_TILES;
+    const int h = (int)(b % HEADS);
+    const i64 m0 = b / HEADS * BM;
     if (m0 >= rows) return;  // the grid is rounded up to whole row tiles
+    const int n0 = nt * BN;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, t4 = lane & 3;
 
-    // Each thread moves two 16-byte vectors of each tile: row tid/4 (+64), columns (tid%4)*8.
-    uint4 rx[2], rw[2];
-    auto fetch = [&](i64 k0) {
+    // Each thread copies two 16-byte vectors of each tile per stage: rows tid/4 and tid/4 + 64,
+    // columns (tid % 4) * 8. Rows without data read nothing and land as zeros.
+    const int cr = tid >> 2, cc = (tid & 3) * 8;
+    const bf16* xs[2];
+    const bf16* ws[2];
+    bool x_ok[2], w_ok[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const i64 r = m0 + cr + i * 64;
+        x_ok[i] = r < rows;
+        xs[i] = x + (x_ok[i] ? x_offset(r, h, x_outer, x_row, x_inner_rows, x_head) : 0) + cc;
+        const int c = column(n0 + cr + i * 64);
+        w_ok[i] = c >= 0;
+        ws[i] = w + (i64)h * N * K + (w_ok[i] ? (i64)c * K : 0) + cc;
+    }
+    auto load = [&](int stage, int k0) {
+        const bool in_k = k0 + cc < K;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int r = (tid >> 2) + i * 64, c = (tid & 3) * 8;
-            const bool in_k = k0 + c < K;
-            rx[i] = (m0 + r < rows && in_k)
-                ? *reinterpret_cast<const uint4*>(x + (m0 + r) * x_row + k0 + c) : make_uint4(0, 0, 0, 0);
-            rw[i] = (n0 + r < N && in_k)
-                ? *reinterpret_cast<const uint4*>(w + (n0 + r) * K + k0 + c) : make_uint4(0, 0, 0, 0);
-        }
-    };
-    auto stash = [&](int stage) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int r = (tid >> 2) + i * 64, c = (tid & 3) * 8;
-            *reinterpret_cast<uint4*>(&sx[stage][r * LDS + c]) = rx[i];
-            *reinterpret_cast<uint4*>(&sw[stage][r * LDS + c]) = rw[i];
+            const int at = (cr + i * 64) * LDS + cc;
+            cp_async16(&sx[stage * BM * LDS + at], x_ok[i] && in_k ? xs[i] + k0 : x, x_ok[i] && in_k);
+            cp_async16(&sw[stage * BN * LDS + at], w_ok[i] && in_k ? ws[i] + k0 : w, w_ok[i] && in_k);
         }
     };
 
@@ -51,55 +58,51 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
 
-    fetch(0);
-    stash(0);
-    __syncthreads();
-    constexpr i64 STEPS = (K + BK - 1) / BK;
-    for (i64 s = 0; s < STEPS; ++s) {
-        const int stage = s & 1;
-        if (s + 1 < STEPS) fetch((s + 1) * BK);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < STEPS) load(s, s * BK);
+        cp_async_commit();
+    }
+    for (int s = 0; s < STEPS; ++s) {
+        cp_async_wait<STAGES - 2>();
+        // Tile s has landed for every thread, and every warp is done with tile s - 1, whose
+        // stage the next copy overwrites.
+        __syncthreads();
+        if (s + STAGES - 1 < STEPS) load((s + STAGES - 1) % STAGES, (s + STAGES - 1) * BK);
+        cp_async_commit();
+        const bf16* tx = sx + (s % STAGES) * BM * LDS;
+        const bf16* tw = sw + (s % STAGES) * BN * LDS;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
-            unsigned a[2][4], b[8][2];
+            // A: lanes 0-15 address rows 0-15 at k, lanes 16-31 the same rows at k + 8 (a0..a3).
+            // B: each x4 holds (b0, b1) of two 8-column tiles: lanes 0-7 columns 0-7 at k, 8-15
+            // the same at k + 8, 16-31 columns 8-15.
+            unsigned a[2][4], bq[4][4];
 #pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
-                const bf16* p = &sx[stage][(wm * 32 + mi * 16 + g) * LDS + kk + t4 * 2];
-                a[mi][0] = *reinterpret_cast<const unsigned*>(p);
-                a[mi][1] = *reinterpret_cast<const unsigned*>(p + 8 * LDS);
-                a[mi][2] = *reinterpret_cast<const unsigned*>(p + 8);
-                a[mi][3] = *reinterpret_cast<const unsigned*>(p + 8 * LDS + 8);
-            }
+            for (int mi = 0; mi < 2; ++mi)
+                ldmatrix_x4(a[mi], tx + (wm * 32 + mi * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
 #pragma unroll
-            for (int ni = 0; ni < 8; ++ni) {
-                const bf16* p = &sw[stage][(wn * 64 + ni * 8 + g) * LDS + kk + t4 * 2];
-                b[ni][0] = *reinterpret_cast<const unsigned*>(p);
-                b[ni][1] = *reinterpret_cast<const unsigned*>(p + 8);
-            }
+            for (int nj = 0; nj < 4; ++nj)
+                ldmatrix_x4(bq[nj], tw + (wn * 64 + nj * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk
+                                        + ((lane >> 3) & 1) * 8);
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
                 for (int ni = 0; ni < 8; ++ni)
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                        {% raw %}"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"{% endraw %}
-                        : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]), "+f"(acc[mi][ni][3])
-                        : "r"(a[mi][0]), "r"(a[mi][1]), "r"(a[mi][2]), "r"(a[mi][3]),
-                          "r"(b[ni][0]), "r"(b[ni][1]));
-        }
-        if (s + 1 < STEPS) {
-            stash(stage ^ 1);
-            __syncthreads();
+                    mma_bf16(acc[mi][ni], a[mi], bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
         }
     }
 
+    // Accumulator e of an 8-column tile is row g + (e / 2) * 8, column t4 * 2 + e % 2.
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni)
+        for (int half = 0; half < 2; ++half) {
+            const i64 r = m0 + wm * 32 + mi * 16 + g + half * 8;
+            if (r >= rows) continue;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const i64 r = m0 + wm * 32 + mi * 16 + g + (e >> 1) * 8;
-                const i64 c = n0 + wn * 64 + ni * 8 + t4 * 2 + (e & 1);
-                if (r < rows && c < N) st(y + r * y_row + c, acc[mi][ni][e]);
-            }
+            for (int ni = 0; ni < 8; ++ni)
+                store2(y + r * y_row + h * y_head, n0 + wn * 64 + ni * 8 + t4 * 2,
+                       acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1], positions, r, rows_per_position);
+        }
 }

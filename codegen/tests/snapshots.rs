@@ -3,8 +3,9 @@
 
 mod common;
 
-use common::lowered;
-use glmc_codegen::{render, Target};
+use common::{lowered, module_with, LIMITS};
+use glmc_codegen::{lower_module, render, Target};
+use glmc_ir::DType;
 
 #[test]
 fn tiny_sparse_decode_schedule() {
@@ -24,4 +25,25 @@ fn tiny_sparse_prefill_schedule() {
 fn tiny_sparse_kernels_cu() {
     let l = lowered("tiny-sparse.ron", Target::Sm120);
     insta::assert_snapshot!(render::render(&l.kernels).unwrap());
+}
+
+/// The tensor-core GEMMs (tiled for prefill, skinny for decode, with the rope epilogue and per
+/// head), which the f32 tiny models never use: the same model in bf16.
+#[test]
+fn tiny_sparse_bf16_gemm_kernels_cu() {
+    let (_, m) = module_with("tiny-sparse.ron", |c| c.dtype = DType::BF16);
+    let l = lower_module(&m, Target::Sm120, LIMITS).unwrap();
+    let gemms: Vec<_> = l
+        .kernels
+        .iter()
+        .filter(|k| k.template.starts_with("gemm_"))
+        .cloned()
+        .collect();
+    let templates: std::collections::BTreeSet<_> =
+        gemms.iter().map(|k| k.template.as_str()).collect();
+    assert_eq!(
+        templates.into_iter().collect::<Vec<_>>(),
+        ["gemm_mma", "gemm_skinny"]
+    );
+    insta::assert_snapshot!(render::render(&gemms).unwrap());
 }

@@ -801,3 +801,187 @@ fn measure_copy_bandwidth(dev: &Device) -> f64 {
     let secs = start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / reps as f64;
     2.0 * bytes as f64 / secs / 1e9
 }
+
+/// `t` (whose first axis holds `from` rows) with its rows repeated cyclically to `to` rows.
+fn repeat_rows(t: &Tensor, from: usize, to: usize) -> Tensor {
+    let mut shape = t.shape().to_vec();
+    assert_eq!(shape[0], from);
+    shape[0] = to;
+    let row = t.numel() / from;
+    let pick = |i: usize| (i / row % from) * row + i % row;
+    match t.as_f32() {
+        Ok(v) => Tensor::f32(shape, (0..to * row).map(|i| v[pick(i)]).collect()),
+        Err(_) => {
+            let v = t.as_i64().unwrap();
+            Tensor::i64(shape, (0..to * row).map(|i| v[pick(i)]).collect())
+        }
+    }
+    .unwrap()
+}
+
+/// Every GEMM of GLM-5 (each projection, the per-head absorbed products, the rope epilogues,
+/// the lm_head and the f32 router) as the lowering launches it: decode at 1, 8 and 64 rows,
+/// prefill at 1, 8, 67 and 4096, each against the interpreter. The interpreter computes 67 rows;
+/// the 4096-row inputs repeat them (a period that is no multiple of any tile), so every output row
+/// of the big run is checked against an independent value. Timed over 20 runs; written to
+/// `gemm.json` for `scripts/torch_gemm.py`, which times `torch.matmul` on the same shapes.
+#[test]
+#[ignore = "gpu"]
+fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
+    let dev = Device::open();
+    let module = model("glm5.ron");
+    let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut rng = Rng(4242);
+    let limits = Limits {
+        max_prefill_tokens: 4096,
+        max_batch: 64,
+        max_context: 4096,
+    };
+    let lowered = lower_module(&module, dev.target, limits).unwrap();
+    let mut report = format!(
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s\n\
+         | phase | rows | op | node | kernel | heads × N × K | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut shapes = Vec::new();
+    let mut failures = Vec::new();
+    for f in &module.functions {
+        let phase = lowered
+            .phases
+            .iter()
+            .find(|p| p.function == f.name)
+            .unwrap();
+        let (sym, sizes): (&str, &[u64]) = match f.name.as_str() {
+            "prefill" => ("s", &[1, 8, 67, 4096]),
+            _ => ("b", &[1, 8, 64]),
+        };
+        let mut seen = std::collections::HashSet::new();
+        for l in phase.launches() {
+            if !l.op.starts_with("matmul") || !seen.insert(l.kernel.clone()) {
+                continue;
+            }
+            let n = f.find(&l.node).unwrap();
+            let mini = cut(f, n);
+            let mut mm = Module::new("gemm");
+            mm.functions.push(mini.clone());
+            let w = &f.node(f.operands(n)[1].node).outputs[0];
+            let (heads, rows_n, k) = match w.shape.as_slice() {
+                [h, n, k] => (h, n, k),
+                [n, k] => (&glmc_ir::Dim::Const(1), n, k),
+                _ => unreachable!("a weight is a matrix or one per head"),
+            };
+            let [heads, n_cols, k] = [heads, rows_n, k].map(|d| d.as_const().unwrap());
+            // Inputs whose first axis is the row symbol. A node whose output has no such axis (the
+            // prefill's lm_head, which sees the last row) runs at one row.
+            let per_row: Vec<bool> = {
+                let mut ins: Vec<(u64, bool)> = mini
+                    .inputs()
+                    .into_iter()
+                    .map(|i| {
+                        let node = mini.node(i);
+                        let Op::Input { index } = node.op else {
+                            unreachable!()
+                        };
+                        let first = node.outputs[0].shape.first();
+                        (index, first == Some(&glmc_ir::Dim::Sym(sym.into())))
+                    })
+                    .collect();
+                ins.sort_by_key(|(i, _)| *i);
+                ins.into_iter().map(|(_, r)| r).collect()
+            };
+            let row_symbol = glmc_ir::Dim::Sym(sym.into());
+            let sizes: &[u64] = if f.node(n).outputs[0].shape.first() == Some(&row_symbol) {
+                sizes
+            } else {
+                &[1]
+            };
+            let mut last: Option<(u64, Vec<Tensor>, Vec<Tensor>)> = None;
+            for &rows in sizes {
+                let b = Bindings::from([(sym.into(), rows), ("t".into(), 4096)]);
+                let (ins, want) = match &last {
+                    Some((from, ins, want)) if rows == 4096 => {
+                        let from = *from as usize;
+                        let ins: Vec<Tensor> = ins
+                            .iter()
+                            .zip(&per_row)
+                            .map(|(t, r)| {
+                                if *r {
+                                    repeat_rows(t, from, 4096)
+                                } else {
+                                    t.clone()
+                                }
+                            })
+                            .collect();
+                        let want: Vec<Tensor> =
+                            want.iter().map(|t| repeat_rows(t, from, 4096)).collect();
+                        (ins, want)
+                    }
+                    _ => {
+                        let ins = inputs(&mini, &b, &mut rng, 154_880, 4096);
+                        let want = run_function(&mm, &mini, &HashMap::new(), &mut [], &ins)
+                            .expect("the interpreter runs the GEMM");
+                        (ins, want)
+                    }
+                };
+                let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
+                let mut worst = Ok(0f64);
+                for ((_, at), r) in run.phase.results.iter().zip(&want) {
+                    let gpu = gather(&bytes_of(&run, at), at, &b);
+                    let reference: Vec<f64> =
+                        r.as_f32().unwrap().iter().map(|x| *x as f64).collect();
+                    worst = match (worst, compare(&gpu, &reference, at.dtype)) {
+                        (Ok(a), Ok(e)) => Ok(a.max(e)),
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                    };
+                }
+                let kernel = run
+                    .phase
+                    .launches()
+                    .map(|l| l.kernel.clone())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let secs = run.seconds_per_run.unwrap();
+                let costs = glmc_codegen::cost::function_cost(&mini, &b);
+                let moved: f64 = costs.iter().map(|c| c.cost.bytes).sum();
+                let flops: f64 = costs.iter().map(|c| c.cost.flops).sum();
+                let bound = (moved / (copy_gbs * 1e9)).max(flops / (MMA_SYNC_TFLOPS * 1e12));
+                let err = match &worst {
+                    Ok(e) => format!("{e:.1e}"),
+                    Err(e) => {
+                        failures.push(format!("{} {} rows={rows}: {e}", f.name, l.node));
+                        "FAIL".to_string()
+                    }
+                };
+                let line = format!(
+                    "| {} | {rows} | {} | {} | {kernel} | {heads} × {n_cols} × {k} | {err} | {:.1} | {:.0} | {:.1} | {:.1}% |",
+                    f.name,
+                    l.op,
+                    l.node,
+                    secs * 1e6,
+                    moved / secs / 1e9,
+                    flops / secs / 1e12,
+                    100.0 * bound / secs
+                );
+                println!("{line}");
+                writeln!(report, "{line}").unwrap();
+                shapes.push(format!(
+                    "{{\"phase\": \"{}\", \"node\": \"{}\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"{}\", \"glmc_us\": {:.3}, \"bytes\": {moved}, \"flops\": {flops}}}",
+                    f.name,
+                    l.node,
+                    w.dtype.name(),
+                    secs * 1e6
+                ));
+                if rows == 67 {
+                    last = Some((rows, ins, want));
+                }
+            }
+        }
+    }
+    print!("{report}");
+    std::fs::write(out_dir().join("gemm.md"), &report).unwrap();
+    std::fs::write(
+        out_dir().join("gemm.json"),
+        format!("[\n{}\n]\n", shapes.join(",\n")),
+    )
+    .unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -17,8 +17,14 @@ pub fn repo_root() -> PathBuf {
 
 /// A shipped config (`models/NAME`) through the default pipeline.
 pub fn module(file: &str) -> (ModelConfig, Module) {
-    let config = ModelConfig::load(&repo_root().join("models").join(file))
+    module_with(file, |_| {})
+}
+
+/// [`module`] with the config changed first.
+pub fn module_with(file: &str, change: impl FnOnce(&mut ModelConfig)) -> (ModelConfig, Module) {
+    let mut config = ModelConfig::load(&repo_root().join("models").join(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"));
+    change(&mut config);
     let mut module = glmc_models::builder::build(&config, &Default::default())
         .expect("the shipped config builds");
     pipeline(&PipelineOptions::default())

@@ -126,12 +126,25 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    pub fn function(&mut self, name: &str) -> Result<&CudaFunction, CudaError> {
+    /// Kernel `name`, allowed `dynamic_shared` bytes of dynamic shared memory (past 48 KiB a
+    /// kernel has to opt in).
+    pub fn function(
+        &mut self,
+        name: &str,
+        dynamic_shared: u32,
+    ) -> Result<&CudaFunction, CudaError> {
         if !self.functions.contains_key(name) {
             let f = self
                 .module
                 .load_function(name)
                 .map_err(driver(format!("finding kernel {name} in the cubin")))?;
+            if dynamic_shared > 0 {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dynamic_shared as i32,
+                )
+                .map_err(driver(format!("allowing {name} {dynamic_shared} bytes of shared memory")))?;
+            }
             self.functions.insert(name.to_string(), f);
         }
         Ok(&self.functions[name])
@@ -212,7 +225,7 @@ pub fn launch(
         return Ok(());
     }
     let grid = u32::try_from(blocks).map_err(|_| fail(format!("{blocks} blocks")))?;
-    let f = kernels.function(&launch.kernel)?;
+    let f = kernels.function(&launch.kernel, launch.dynamic_shared_bytes)?;
     let mut builder = gpu.stream.launch_builder(f);
     for v in &values {
         match v {
@@ -224,7 +237,7 @@ pub fn launch(
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (launch.block, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: launch.dynamic_shared_bytes,
     };
     // SAFETY: the arguments match the kernel's parameter list by construction (the same
     // lowering wrote both), and every pointer is into memory that `memory` owns for the call.

@@ -1,0 +1,78 @@
+{#- The head every GEMM template starts with: its columns (and rope epilogue) and its signature, through the opening brace of the body. -#}
+// {{ name }}: {{ op }}, y[r, h, :] = x[r, h, :] · w[h]ᵀ with K = {{ k }}, {{ n }} columns and
+// {{ heads }} head(s); x rows are `x_inner_rows` rows `x_row` apart, repeated every `x_outer`.
+{%- if rope %}
+// Rope epilogue: in every block of {{ period }} columns, columns {{ start }}..{{ end }} are
+// rotated at the row's position ({% if interleaved %}pairs (2i, 2i+1){% else %}pairs (i, i+{{ half }}){% endif %}, theta {{ theta }}).
+// Tiles walk a permuted column order in which each block's rotated pairs come first, two adjacent
+// columns per pair, and blocks are padded to an even width, so the thread holding an even column
+// holds its partner too; the angle is reduced in f64 as the rope kernel does.
+{%- endif %}
+namespace {{ name }}_ {
+constexpr int K = {{ k }}, N = {{ n }}, HEADS = {{ heads }};
+{%- if rope %}
+constexpr int PERIOD = {{ period }}, START = {{ start }}, R = {{ end }} - {{ start }}, HALF = R / 2;
+constexpr int PADDED = PERIOD + PERIOD % 2;
+constexpr int COLS = N / PERIOD * PADDED;
+__device__ const double inv_freq[HALF] = { {{ inv_freq }} };
+// The column a permuted index stands for, or -1 past the end and for a block's padding column.
+__device__ __forceinline__ int column(int l) {
+    if (l >= COLS) return -1;
+    const int block = l / PADDED, o = l % PADDED;
+    if (o >= PERIOD) return -1;
+    int c;
+    if (o < R) {
+        {% if interleaved %}c = START + o;{% else %}c = START + o / 2 + (o % 2) * HALF;{% endif %}
+    } else {
+        c = o - R < START ? o - R : o;
+    }
+    return block * PERIOD + c;
+}
+{%- else %}
+constexpr int COLS = N;
+__device__ __forceinline__ int column(int l) { return l < COLS ? l : -1; }
+{%- endif %}
+
+__device__ __forceinline__ i64 x_offset(i64 r, int h, i64 x_outer, i64 x_row, i64 x_inner_rows, i64 x_head) {
+    return (r / x_inner_rows) * x_outer + (r % x_inner_rows) * x_row + h * x_head;
+}
+
+// Stores permuted columns l and l + 1 (l even) of one output row, rotated first where rope
+// applies; `positions` is only read under rope.
+template <typename T>
+__device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, float v1,
+                                       const i64* __restrict__ positions, i64 r, i64 rows_per_position) {
+{%- if rope %}
+    if (l < COLS && l % PADDED < R) {
+        const double two_pi = 6.283185307179586;
+        double angle = (double)positions[r / rows_per_position] * inv_freq[(l % PADDED) / 2];
+        angle -= two_pi * rint(angle / two_pi);
+        float s, c;
+        // |angle| ≤ π: the intrinsic is accurate there and needs no local memory.
+        __sincosf((float)angle, &s, &c);
+        const float a = v0, b = v1;
+        v0 = a * c - b * s;
+        v1 = b * c + a * s;
+    }
+{%- endif %}
+    int c = column(l);
+    if (c >= 0) st(row + c, v0);
+    c = column(l + 1);
+    if (c >= 0) st(row + c, v1);
+}
+}  // namespace {{ name }}_
+
+extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
+    {{ y_t }}* __restrict__ y, i64 y_row, i64 y_head,
+    const {{ x_t }}* __restrict__ x, i64 x_outer, i64 x_row, i64 x_inner_rows, i64 x_head,
+    const {{ w_t }}* __restrict__ w,
+{%- if rope %}
+    const i64* __restrict__ positions, i64 rows_per_position,
+{%- endif %}
+    i64 rows)
+{
+    using namespace {{ name }}_;
+{%- if not rope %}
+    const i64* positions = nullptr;  // read only under rope
+    const i64 rows_per_position = 1;
+{%- endif %}

@@ -1,0 +1,98 @@
+{% include "gemm_head.cuh" %}
+    // Tensor-core GEMM for few rows (decode), where the weight's bytes set the time: each block
+    // computes 16 columns (two 8-column MMA tiles) of up to 64 rows of one head, and its 8 warps
+    // split K in interleaved 32-wide chunks (split-K inside the block, so even N = 2048 gives 128
+    // blocks); their partial sums are added in a fixed order through shared memory (8 warps ×
+    // 16 tiles × 128 floats = 32 KiB), so a result never depends on timing. There is no staging
+    // in shared memory: the sum over k does not care which k feeds which fragment slot as long as
+    // x and w agree, so lane (g, t4) loads k0 + 8 t4 .. + 7 of its row as one 16-byte vector and
+    // feeds two MMAs with it, and one warp-wide load is 8 weight rows × 64 contiguous bytes. Only
+    // the 16-row MMA tiles that hold rows run (one of four at batch 1); more than 64 rows take
+    // more blocks. Every block re-reads x (at most 64 rows × K) from L1/L2.
+    constexpr int WARPS = {{ threads }} / 32, NT = 2, BN = 8 * NT, MT = 4, BM = 16 * MT, CHUNK = 32;
+    constexpr int N_TILES = (COLS + BN - 1) / BN;
+    constexpr int CHUNKS = (K + CHUNK - 1) / CHUNK;
+    __shared__ float partial[WARPS][MT * NT * 4][32];
+
+    i64 b = blockIdx.x;
+    const int nt = (int)(b % N_TILES);
+    b /= N_TILES;
+    const int h = (int)(b % HEADS);
+    const i64 m0 = b / HEADS * BM;
+    if (m0 >= rows) return;  // the grid is rounded up to whole row groups
+    const int n0 = nt * BN;
+    const int mt = (int)min((i64)MT, (rows - m0 + 15) / 16);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+
+    const bf16* xr[MT][2];
+    bool xv[MT][2];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const i64 r = m0 + mi * 16 + g + half * 8;
+            xv[mi][half] = r < rows;
+            xr[mi][half] = x + (r < rows ? x_offset(r, h, x_outer, x_row, x_inner_rows, x_head) : 0) + t4 * 8;
+        }
+    const bf16* wr[NT];
+    bool wv[NT];
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+        const int c = column(n0 + ni * 8 + g);
+        wv[ni] = c >= 0;
+        wr[ni] = w + (i64)h * N * K + (c >= 0 ? (i64)c * K : 0) + t4 * 8;
+    }
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll 2
+    for (int ch = warp; ch < CHUNKS; ch += WARPS) {
+        const int k0 = ch * CHUNK;
+        const bool in_k = k0 + t4 * 8 < K;
+        uint4 wq[NT];
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) wq[ni] = wv[ni] && in_k ? ld_stream16(wr[ni] + k0) : zero;
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+            if (mi >= mt) break;
+            const uint4 xa = xv[mi][0] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][0] + k0) : zero;
+            const uint4 xb = xv[mi][1] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][1] + k0) : zero;
+            // Slots (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
+            const unsigned lo[4] = {xa.x, xb.x, xa.y, xb.y}, hi[4] = {xa.z, xb.z, xa.w, xb.w};
+#pragma unroll
+            for (int ni = 0; ni < NT; ++ni) {
+                mma_bf16(acc[mi][ni], lo, wq[ni].x, wq[ni].y);
+                mma_bf16(acc[mi][ni], hi, wq[ni].z, wq[ni].w);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) partial[warp][(mi * NT + ni) * 4 + e][lane] = acc[mi][ni][e];
+    __syncthreads();
+    // One unit = one lane's pair of adjacent columns in one row of one tile, summed over warps.
+    for (int u = tid; u < MT * NT * 2 * 32; u += {{ threads }}) {
+        const int l = u & 31, slot = u >> 5, half = slot & 1, tile = slot >> 1;
+        const int mi = tile / NT, ni = tile % NT;
+        const i64 r = m0 + mi * 16 + (l >> 2) + half * 8;
+        if (mi >= mt || r >= rows) continue;
+        float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+        for (int wp = 0; wp < WARPS; ++wp) {
+            v0 += partial[wp][tile * 4 + half * 2][l];
+            v1 += partial[wp][tile * 4 + half * 2 + 1][l];
+        }
+        store2(y + r * y_row + h * y_head, n0 + ni * 8 + (l & 3) * 2, v0, v1, positions, r, rows_per_position);
+    }
+}
