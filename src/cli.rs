@@ -178,6 +178,10 @@ pub struct RunArgs {
     /// (default: MODEL when it is a directory).
     #[arg(long)]
     pub weights: Option<PathBuf>,
+    /// Run on random weights made from SEED instead of a checkpoint (MODEL's own weights, if
+    /// any, are ignored): the same model on every device, of any size, without files.
+    #[arg(long, value_name = "SEED", conflicts_with = "weights")]
+    pub random_weights: Option<u64>,
     /// The prompt as comma-separated token ids, e.g. 3,17,42.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt", required_unless_present = "prompt")]
     pub prompt_ids: Vec<u64>,

@@ -11,9 +11,9 @@ use glmc_codegen::artifact::Manifest;
 use glmc_codegen::{lower_module, nvcc, render, Limits, Target};
 use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_passes::AttentionChoice;
-use glmc_runtime::cuda::{CudaExecutor, Gpu};
+use glmc_runtime::cuda::{random_fill, CudaExecutor, Gpu};
 use glmc_runtime::trace::TraceWriter;
-use glmc_runtime::{generate, Checkpoint, Generator, Sampling};
+use glmc_runtime::{generate, Checkpoint, Generator, RandomWeights, Sampling, WeightSource};
 use tokenizers::Tokenizer;
 
 use crate::cli::{DeviceArg, RunArgs};
@@ -26,15 +26,29 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         None => LogitRows::Last,
     };
     let built = build(&args.model, &BuildOptions { logits }, &args.pipeline, None)?;
-    let dir = weights_dir(args)?;
-    let checkpoint = Checkpoint::open(&dir)?;
-    // Every tensor is checked before any compute, so a bad checkpoint fails in a second, not
-    // after a long prefill.
-    crate::checkpoint::check(&built, &checkpoint)?;
+    // `dir` holds tokenizer.json and generation_config.json, which random weights do not replace.
+    let (weights, dir) = match args.random_weights {
+        Some(seed) => (
+            Weights::Random(RandomWeights::new(seed, built.config.dtype)),
+            args.model.is_dir().then(|| args.model.clone()),
+        ),
+        None => {
+            let dir = weights_dir(args)?;
+            let checkpoint = Checkpoint::open(&dir)?;
+            // Every tensor is checked before any compute, so a bad checkpoint fails in a
+            // second, not after a long prefill.
+            crate::checkpoint::check(&built, &checkpoint)?;
+            (Weights::Checkpoint(checkpoint), Some(dir))
+        }
+    };
 
-    let tokenizer = match &args.prompt {
-        Some(_) => Some(load_tokenizer(&dir)?),
-        None => None,
+    let tokenizer = match (&args.prompt, &dir) {
+        (Some(_), Some(dir)) => Some(load_tokenizer(dir)?),
+        (Some(_), None) => bail!(
+            "--prompt TEXT needs the tokenizer.json of a checkpoint directory, and {} is a model.ron: give token ids with --prompt-ids",
+            args.model.display()
+        ),
+        (None, _) => None,
     };
     let prompt: Vec<u64> = match (&args.prompt, &tokenizer) {
         (Some(text), Some(tok)) => {
@@ -53,10 +67,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         seed: args.seed,
     };
     sampling.validate()?;
-    let eos = eos_ids(&built, &dir)?;
+    let eos = eos_ids(&built, dir.as_deref())?;
     let ranks = glmc_passes::partition(&built.module, args.tp)?;
     let mut generator = match args.device {
-        DeviceArg::Cpu => Generator::tensor_parallel(&ranks, &checkpoint)?,
+        DeviceArg::Cpu => Generator::tensor_parallel(&ranks, weights.source())?,
         DeviceArg::Cuda => {
             if args.tp > 1 {
                 bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N");
@@ -65,7 +79,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
                 bail!("--trace records nodes on the CPU only for now: run it with --device cpu");
             }
             let context = prompt.len() + args.max_new_tokens + 1;
-            let exec = cuda_executor(&built, &checkpoint, prompt.len(), context, args)?;
+            let exec = cuda_executor(&built, &weights, prompt.len(), context, args)?;
             Generator::with_executor(Box::new(exec))?
         }
     };
@@ -107,11 +121,26 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where `run` takes the weights from.
+enum Weights {
+    Checkpoint(Checkpoint),
+    Random(RandomWeights),
+}
+
+impl Weights {
+    fn source(&self) -> &(dyn WeightSource + Sync) {
+        match self {
+            Weights::Checkpoint(c) => c,
+            Weights::Random(r) => r,
+        }
+    }
+}
+
 /// Compiles the built model for the GPU present, sized for this run (one sequence, the prompt in
-/// one prefill, `context` tokens), and loads it with the checkpoint's weights.
+/// one prefill, `context` tokens), and loads it with its weights.
 fn cuda_executor(
     built: &Built,
-    checkpoint: &Checkpoint,
+    weights: &Weights,
     prompt: usize,
     context: usize,
     args: &RunArgs,
@@ -148,13 +177,16 @@ fn cuda_executor(
         )
     })?;
     let source = render::render(&lowered.kernels)?;
-    let compiled = nvcc::compile(
-        &compiler,
-        &source,
-        target,
-        nvcc::default_cache_dir().as_deref(),
-    )?;
-    Ok(CudaExecutor::load(&manifest, &compiled.cubin, checkpoint)?)
+    let cache = nvcc::default_cache_dir();
+    let compiled = nvcc::compile(&compiler, &source, target, cache.as_deref())?;
+    Ok(match weights {
+        Weights::Checkpoint(c) => CudaExecutor::load(&manifest, &compiled.cubin, c)?,
+        Weights::Random(r) => {
+            let generator =
+                nvcc::compile(&compiler, random_fill::SOURCE, target, cache.as_deref())?;
+            CudaExecutor::load_random(&manifest, &compiled.cubin, r, &generator.cubin)?
+        }
+    })
 }
 
 fn weights_dir(args: &RunArgs) -> anyhow::Result<PathBuf> {
@@ -162,7 +194,7 @@ fn weights_dir(args: &RunArgs) -> anyhow::Result<PathBuf> {
         Some(dir) => Ok(dir.clone()),
         None if args.model.is_dir() => Ok(args.model.clone()),
         None => bail!(
-            "{}: a model.ron carries no weights; pass --weights DIR, an HF checkpoint directory with model.safetensors or model.safetensors.index.json",
+            "{}: a model.ron carries no weights; pass --weights DIR, an HF checkpoint directory with model.safetensors or model.safetensors.index.json, or --random-weights SEED",
             args.model.display()
         ),
     }
@@ -178,9 +210,11 @@ fn load_tokenizer(dir: &Path) -> anyhow::Result<Tokenizer> {
 }
 
 /// The config's EOS ids plus those of generation_config.json, when the checkpoint has one.
-fn eos_ids(built: &Built, dir: &Path) -> anyhow::Result<Vec<u64>> {
+fn eos_ids(built: &Built, dir: Option<&Path>) -> anyhow::Result<Vec<u64>> {
     let mut eos = built.config.eos_token_ids.clone();
-    let path = dir.join("generation_config.json");
+    let Some(path) = dir.map(|d| d.join("generation_config.json")) else {
+        return Ok(eos);
+    };
     if let Ok(text) = std::fs::read_to_string(&path) {
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column()))?;

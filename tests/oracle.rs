@@ -92,6 +92,24 @@ fn cuda_matches_every_fixture() {
     check_cli_against_every_fixture("--device cuda", &["--device", "cuda"]);
 }
 
+/// Random weights are the same model on the GPU as on the CPU: `glmc run --random-weights 7` of
+/// tiny-sparse, with no checkpoint, generates the same tokens on both, and every logits row agrees
+/// to the GPU's f32 tolerance.
+#[test]
+#[ignore = "gpu"]
+fn cuda_random_weights_match_the_cpu() {
+    let model = common_oracle::repo_root().join("models/tiny-sparse.ron");
+    let args = ["--prompt-ids", "5,9,200,17,3,3,41", "--random-weights", "7"];
+    let cpu = glmc_run(&model, 8, &args);
+    let cuda = glmc_run(&model, 8, &[&args[..], &["--device", "cuda"]].concat());
+    assert_eq!(cuda.dump.generated, cpu.dump.generated);
+    let rows = cpu.dump.logits.rows;
+    assert_eq!(cuda.dump.logits.rows, rows);
+    let e = row_errors(&cuda.dump.logits, &cpu.dump.logits, rows);
+    println!("random weights, --device cuda vs cpu: {}", e.summary());
+    assert!(e.rows_over(TOL).is_empty(), "{}", e.summary());
+}
+
 #[test]
 fn cli_o1_matches_every_fixture() {
     check_cli_against_every_fixture("-O1", &[]);

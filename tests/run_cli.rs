@@ -238,3 +238,92 @@ fn cuda_without_a_driver_says_so() {
         "{stderr}"
     );
 }
+
+fn tiny_sparse() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/tiny-sparse.ron")
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `glmc run MODEL --random-weights SEED --dump-logits` on the CPU: the printed ids and the
+/// dump's bytes.
+fn random_run(model: &str, seed: &str, dump: &Path) -> (String, Vec<u8>) {
+    let ids = stdout(&glmc(&[
+        "run",
+        model,
+        "--random-weights",
+        seed,
+        "--prompt-ids",
+        PROMPT,
+        "--max-new-tokens",
+        "5",
+        "--dump-logits",
+        dump.to_str().unwrap(),
+    ]));
+    (ids, fs::read(dump).unwrap())
+}
+
+#[test]
+fn random_weights_run_a_model_ron_without_a_checkpoint_identically_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_sparse();
+    let (ids, dump) = random_run(&model, "7", &dir.path().join("a.safetensors"));
+    assert!(!ids.is_empty(), "no tokens generated");
+    let again = random_run(&model, "7", &dir.path().join("b.safetensors"));
+    assert_eq!((ids.clone(), dump.clone()), again);
+    let other = random_run(&model, "8", &dir.path().join("c.safetensors"));
+    assert_ne!(dump, other.1, "seeds 7 and 8 gave the same logits");
+}
+
+#[test]
+fn random_weights_ignore_the_checkpoint_of_a_model_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = copy_fixture(dir.path());
+    let with = random_run(
+        ckpt.to_str().unwrap(),
+        "7",
+        &dir.path().join("a.safetensors"),
+    );
+    fs::remove_file(ckpt.join("model.safetensors")).unwrap();
+    let without = random_run(
+        ckpt.to_str().unwrap(),
+        "7",
+        &dir.path().join("b.safetensors"),
+    );
+    assert_eq!(with, without);
+}
+
+#[test]
+fn bad_random_weights_arguments_exit_2_naming_the_flag() {
+    let model = tiny_sparse();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", model.as_str(), "--prompt-ids", "5"];
+        args.extend_from_slice(extra);
+        failure(&glmc(&args))
+    };
+    for seed in ["x", "-1", "1.5", "18446744073709551616"] {
+        let err = run(&[&format!("--random-weights={seed}")]);
+        assert!(err.contains("--random-weights <SEED>"), "{seed}: {err}");
+    }
+    let err = run(&["--random-weights"]);
+    assert!(
+        err.contains("a value is required for '--random-weights <SEED>'"),
+        "{err}"
+    );
+    let err = run(&["--random-weights", "7", "--weights", "/tmp"]);
+    assert!(err.contains("cannot be used with"), "{err}");
+    let err = failure(&glmc(&[
+        "run",
+        &model,
+        "--random-weights",
+        "7",
+        "--prompt",
+        "hi",
+    ]));
+    assert!(
+        err.contains("--prompt TEXT needs the tokenizer.json") && err.contains("--prompt-ids"),
+        "{err}"
+    );
+}

@@ -28,6 +28,8 @@ pub enum GenerateError {
     TokenOutOfRange { id: u64, vocab: usize },
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
+    #[error(transparent)]
+    OutOfMemory(#[from] crate::cuda::OutOfMemory),
     #[error("`{function}` returned {result} of {got}, expected {expected}")]
     BadResult {
         function: &'static str,

@@ -22,4 +22,6 @@ pub use generate::{
 };
 pub use sampling::{Sampling, SamplingError};
 pub mod cuda;
+pub mod random_weights;
+pub use random_weights::RandomWeights;
 pub mod trace;

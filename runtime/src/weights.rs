@@ -307,39 +307,7 @@ impl Checkpoint {
 
     /// [`Checkpoint::materialize`] once the recipe's shapes are known to be consistent.
     fn build(&self, recipe: &Recipe) -> Result<Tensor, WeightError> {
-        match recipe {
-            Recipe::Tensor { name, shape } => self.leaf(name, shape),
-            Recipe::Stack {
-                pattern,
-                count,
-                shape,
-            } => {
-                if *count == 0 {
-                    return Ok(Tensor::zeros([0].into_iter().chain(dims(shape)).collect()));
-                }
-                let members = (0..*count)
-                    .map(|e| self.leaf(&Recipe::stack_member(pattern, e), shape))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Tensor::stack(&members)?)
-            }
-            Recipe::Slice {
-                src,
-                axis,
-                start,
-                end,
-            } => Ok(self
-                .build(src)?
-                .slice(*axis as usize, *start as usize, *end as usize)?),
-            Recipe::Concat { axis, parts } => {
-                let parts = parts
-                    .iter()
-                    .map(|p| self.build(p))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Tensor::concat(*axis as usize, &parts)?)
-            }
-            Recipe::Reshape { src, shape } => Ok(self.build(src)?.reshape(dims(shape))?),
-            Recipe::Transpose { src, perm } => Ok(self.build(src)?.transpose(&dims(perm))?),
-        }
+        evaluate(recipe, &|name, shape| self.leaf(name, shape))
     }
 
     fn leaf(&self, name: &str, shape: &[u64]) -> Result<Tensor, WeightError> {
@@ -469,6 +437,45 @@ impl Checkpoint {
             .find(|s| self.entries.contains_key(s))
             .or_else(|| near.get(&suffix_key(missing)).cloned())
             .or_else(|| (0..parts.len()).find_map(|i| near.get(&wildcard_key(&parts, i)).cloned()))
+    }
+}
+
+/// Makes checkpoint tensor `name` of the expected shape.
+pub(crate) type LeafFn<'a> = dyn Fn(&str, &[u64]) -> Result<Tensor, WeightError> + 'a;
+
+/// Evaluates a shape-checked `recipe` with each checkpoint tensor from `leaf` (given its name and
+/// expected shape): the one definition of the recipe operations, whatever the tensors come from.
+pub(crate) fn evaluate(recipe: &Recipe, leaf: &LeafFn) -> Result<Tensor, WeightError> {
+    match recipe {
+        Recipe::Tensor { name, shape } => leaf(name, shape),
+        Recipe::Stack {
+            pattern,
+            count,
+            shape,
+        } => {
+            if *count == 0 {
+                return Ok(Tensor::zeros([0].into_iter().chain(dims(shape)).collect()));
+            }
+            let members = (0..*count)
+                .map(|e| leaf(&Recipe::stack_member(pattern, e), shape))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Tensor::stack(&members)?)
+        }
+        Recipe::Slice {
+            src,
+            axis,
+            start,
+            end,
+        } => Ok(evaluate(src, leaf)?.slice(*axis as usize, *start as usize, *end as usize)?),
+        Recipe::Concat { axis, parts } => {
+            let parts = parts
+                .iter()
+                .map(|p| evaluate(p, leaf))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Tensor::concat(*axis as usize, &parts)?)
+        }
+        Recipe::Reshape { src, shape } => Ok(evaluate(src, leaf)?.reshape(dims(shape))?),
+        Recipe::Transpose { src, perm } => Ok(evaluate(src, leaf)?.transpose(&dims(perm))?),
     }
 }
 

@@ -1,23 +1,103 @@
 //! The CUDA executor: runs a compiled artifact's phases on one GPU, for one sequence.
 //!
 //! It reads only what the artifact holds (the manifest and the cubin) and the weights: every
-//! weight is made by its recipe and uploaded once, the caches and one arena (the larger phase's)
-//! are allocated once, and each call uploads its inputs, runs the phase's launches in order and
-//! reads back its results.
+//! weight is made by its recipe and uploaded once (or, for random weights, generated on the GPU),
+//! the caches and one arena (the larger phase's) are allocated once, and each call uploads its
+//! inputs, runs the phase's launches in order and reads back its results. Before any of that the
+//! bytes the manifest needs are compared with the GPU's free memory, so a model that cannot fit
+//! fails in a second with the numbers, not with an allocation error after minutes of loading.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
-use glmc_codegen::artifact::Manifest;
+use glmc_codegen::artifact::{Manifest, WeightEntry};
 use glmc_codegen::expr::Bindings;
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::Phase;
 use glmc_codegen::Target;
 
-use super::{launch, CudaError, Gpu, Kernels, Memory};
+use super::{driver, launch, random_fill, CudaError, Gpu, Kernels, Memory};
+use crate::against_config::human_bytes;
 use crate::generate::{Call, Executor, GenerateError, PhaseKind};
 use crate::interp::WeightSource;
+use crate::random_weights::RandomWeights;
 use crate::tensor::Tensor;
+
+/// What an artifact allocates on the GPU, from its manifest alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceBytes {
+    pub weights: u64,
+    /// The KV caches and indexer states, at the manifest's batch and context.
+    pub states: u64,
+    /// The activation arena: the larger phase's.
+    pub arena: u64,
+}
+
+impl DeviceBytes {
+    pub fn of<C>(manifest: &Manifest<C>) -> DeviceBytes {
+        DeviceBytes {
+            weights: manifest
+                .weights
+                .iter()
+                .map(|w| w.shape.iter().product::<u64>() * w.dtype.size_bytes())
+                .sum(),
+            states: manifest
+                .states
+                .iter()
+                .map(|s| {
+                    s.max_batch
+                        * s.max_context
+                        * s.row.iter().product::<u64>()
+                        * s.dtype.size_bytes()
+                })
+                .sum(),
+            arena: manifest
+                .phases
+                .iter()
+                .map(|p| p.arena_bytes)
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.weights + self.states + self.arena
+    }
+
+    /// Whether they fit in `free` bytes of GPU memory.
+    pub fn check(&self, free: u64) -> Result<(), OutOfMemory> {
+        if self.total() > free {
+            return Err(OutOfMemory { needs: *self, free });
+        }
+        Ok(())
+    }
+}
+
+/// A model predicted not to fit the GPU, before anything is allocated.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the model needs {} ({} of weights, {} of KV caches and states, {} of activations), the GPU has {} free: use --tp or a quantised weight format",
+    human_bytes(.needs.total()),
+    human_bytes(.needs.weights),
+    human_bytes(.needs.states),
+    human_bytes(.needs.arena),
+    human_bytes(*.free)
+)]
+pub struct OutOfMemory {
+    pub needs: DeviceBytes,
+    pub free: u64,
+}
+
+/// Where the executor's weights come from.
+enum Weights<'a> {
+    /// Made on the host by their recipes (from a checkpoint) and uploaded one by one.
+    Host(&'a dyn WeightSource),
+    /// Generated on the GPU by the kernel of `cubin` (compiled from [`random_fill::SOURCE`]).
+    Random {
+        weights: &'a RandomWeights,
+        cubin: &'a [u8],
+    },
+}
 
 /// A loaded artifact on one GPU.
 pub struct CudaExecutor {
@@ -45,6 +125,29 @@ impl CudaExecutor {
         manifest: &Manifest<C>,
         cubin: &[u8],
         weights: &dyn WeightSource,
+    ) -> Result<CudaExecutor, GenerateError> {
+        CudaExecutor::load_with(manifest, cubin, Weights::Host(weights))
+    }
+
+    /// Loads `manifest` and `cubin` on GPU 0 with `weights` generated on the GPU by
+    /// `random_cubin`, [`random_fill::SOURCE`] compiled for it.
+    pub fn load_random<C>(
+        manifest: &Manifest<C>,
+        cubin: &[u8],
+        weights: &RandomWeights,
+        random_cubin: &[u8],
+    ) -> Result<CudaExecutor, GenerateError> {
+        let weights = Weights::Random {
+            weights,
+            cubin: random_cubin,
+        };
+        CudaExecutor::load_with(manifest, cubin, weights)
+    }
+
+    fn load_with<C>(
+        manifest: &Manifest<C>,
+        cubin: &[u8],
+        weights: Weights,
     ) -> Result<CudaExecutor, GenerateError> {
         if !manifest.complete {
             return Err(artifact_error(format!(
@@ -79,6 +182,11 @@ impl CudaExecutor {
                 .ok_or_else(|| artifact_error(format!("the manifest has no `{name}` phase")))
         };
         let (prefill, decode) = (phase("prefill")?, phase("decode")?);
+        let (free, _total) = gpu
+            .ctx
+            .mem_get_info()
+            .map_err(driver("reading the free GPU memory"))?;
+        DeviceBytes::of(manifest).check(free as u64)?;
         let kernels = gpu.load(cubin)?;
         let arena = gpu.alloc(prefill.arena_bytes.max(decode.arena_bytes) as usize)?;
         let mut memory = Memory {
@@ -86,12 +194,21 @@ impl CudaExecutor {
             ..Default::default()
         };
         let mut held = Vec::with_capacity(manifest.weights.len());
+        let mut generator = match &weights {
+            Weights::Random { cubin, .. } => Some(gpu.load(cubin)?),
+            Weights::Host(_) => None,
+        };
         for w in &manifest.weights {
-            let t = weights.weight(&w.name, &w.recipe)?;
-            let bytes = t.to_bytes(w.dtype).map_err(|e| {
-                artifact_error(format!("weight \"{}\" as {}: {e}", w.name, w.dtype))
-            })?;
-            let buf = gpu.upload(&bytes)?;
+            let on_device = match (&weights, generator.as_mut()) {
+                (Weights::Random { weights, .. }, Some(kernels)) => {
+                    random_fill::generate(&gpu, kernels, weights, w)?
+                }
+                _ => None,
+            };
+            let buf = match on_device {
+                Some(buf) => buf,
+                None => upload(&gpu, &weights, w)?,
+            };
             memory.weights.insert(w.name.clone(), gpu.address(&buf));
             held.push(buf);
         }
@@ -190,6 +307,18 @@ impl CudaExecutor {
         Tensor::from_device_bytes(dims, at.dtype, &bytes, &local)
             .map_err(|e| artifact_error(e.to_string()))
     }
+}
+
+/// Weight `w` made on the host and uploaded.
+fn upload(gpu: &Gpu, weights: &Weights, w: &WeightEntry) -> Result<CudaSlice<u8>, GenerateError> {
+    let t = match weights {
+        Weights::Host(source) => source.weight(&w.name, &w.recipe)?,
+        Weights::Random { weights, .. } => weights.weight(&w.name, &w.recipe)?,
+    };
+    let bytes = t
+        .to_bytes(w.dtype)
+        .map_err(|e| artifact_error(format!("weight \"{}\" as {}: {e}", w.name, w.dtype)))?;
+    Ok(gpu.upload(&bytes)?)
 }
 
 impl Executor for CudaExecutor {

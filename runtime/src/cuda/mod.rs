@@ -249,4 +249,5 @@ pub fn launch(
 }
 
 mod executor;
-pub use executor::CudaExecutor;
+pub use executor::{CudaExecutor, DeviceBytes, OutOfMemory};
+pub mod random_fill;
