@@ -737,22 +737,32 @@ const SKINNY_GEMM: GemmTile = GemmTile {
     dynamic: false,
 };
 
-/// Which GEMM computes `y = x · wᵀ`: the tensor-core kernels need bf16 operands, a K that
-/// 16-byte vectors cover and 16-byte aligned rows; the tiled one takes the prefill's many rows
-/// (they carry the symbol `s`), the skinny one everything else (a decode's batch, the prefill's
-/// last rows). The rest, f32 validation runs included, take the SIMT baseline.
+/// SIMT for a few rows, any dtype: 8 rows × 16 columns, one warp per column pair, K split over
+/// the lanes (`gemv.cu`).
+const SIMT_GEMV: GemmTile = GemmTile {
+    template: "gemv",
+    rows: 8,
+    cols: 16,
+    shared: 0,
+    dynamic: false,
+};
+
+/// Which GEMM computes `y = x · wᵀ`. The prefill's many rows (they carry the symbol `s`) take a
+/// tiled kernel, everything else (a decode's batch, the prefill's last rows) a skinny one; both
+/// on the tensor cores where the operands are bf16, K is a multiple of 8 and rows are 16-byte
+/// aligned, else (f32 validation runs, the f32 router) in f32 FMA.
 fn gemm_tile(x: &TensorRef, w: &TensorRef, xl: &Lead, x_head: &Poly, k: u64) -> &'static GemmTile {
     let bf16 = x.dtype == DType::BF16 && w.dtype == DType::BF16;
     let aligned = [&xl.row_stride, &xl.outer_stride, x_head]
         .iter()
         .all(|s| s.divisible_by(8))
         && x.offset_bytes.divisible_by(16);
-    if !bf16 || !aligned || !k.is_multiple_of(8) {
-        &SIMT_GEMM
-    } else if xl.rows.symbols().any(|s| s == "s") {
-        &TILED_GEMM
-    } else {
-        &SKINNY_GEMM
+    let tensor_cores = bf16 && aligned && k.is_multiple_of(8);
+    match (tensor_cores, xl.rows.symbols().any(|s| s == "s")) {
+        (true, true) => &TILED_GEMM,
+        (true, false) => &SKINNY_GEMM,
+        (false, true) => &SIMT_GEMM,
+        (false, false) => &SIMT_GEMV,
     }
 }
 
@@ -795,6 +805,19 @@ fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Loweri
         .dtype("x_t", x.dtype)?
         .dtype("w_t", w.dtype)?
         .shared(tile.shared, tile.dynamic);
+    if tile.template == SIMT_GEMV.template {
+        let k_poly = Poly::constant(k as i64);
+        let v = vector_width(
+            k,
+            &[
+                (x, &xl.row_stride),
+                (x, &xl.outer_stride),
+                (x, &x_head),
+                (w, &k_poly),
+            ],
+        );
+        b = b.param("vec", v);
+    }
     let mut args = vec![
         cx.ptr("y", y),
         int("y_row", y_row),
@@ -1177,12 +1200,8 @@ fn moe_experts(cx: &NodeCtx) -> Result<Lowering, String> {
         const_dim(gate, 2, "gate")?,
     );
     let top_k = const_dim(weights, weights.shape.len() - 1, "the weights")?;
-    let shared = dim * x.dtype.size_bytes() + inter * 4 + dim * 4;
-    if shared > STATIC_SHARED_LIMIT {
-        return Err(format!(
-            "a token's input, activation and output take {shared} bytes of shared memory (at most {STATIC_SHARED_LIMIT})"
-        ));
-    }
+    // f32 first, so the f32 arrays stay aligned whatever the input's dtype.
+    let shared = inter * 4 + dim * 4 + dim * x.dtype.size_bytes();
     let b = Builder::new("moe_experts", 1024)
         .param("dim", dim)
         .param("inter", inter)
@@ -1195,7 +1214,7 @@ fn moe_experts(cx: &NodeCtx) -> Result<Lowering, String> {
         .dtype("gate_t", gate.dtype)?
         .dtype("up_t", up.dtype)?
         .dtype("down_t", down.dtype)?
-        .shared(shared as u32, false);
+        .shared(shared as u32, true);
     let args = vec![
         cx.ptr("y", y),
         int("y_row", y_row),

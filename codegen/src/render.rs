@@ -17,6 +17,7 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("gemm_head.cuh", include_str!("../templates/gemm_head.cuh")),
     ("gemm_mma", include_str!("../templates/gemm_mma.cu")),
     ("gemm_skinny", include_str!("../templates/gemm_skinny.cu")),
+    ("gemv", include_str!("../templates/gemv.cu")),
     ("matmul", include_str!("../templates/matmul.cu")),
     ("moe_experts", include_str!("../templates/moe_experts.cu")),
     ("moe_route", include_str!("../templates/moe_route.cu")),

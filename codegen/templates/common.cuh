@@ -105,3 +105,7 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
                  : "l"(p));
     return v;
 }
+
+// The dynamic shared memory of the kernels that take more than 48 KiB; one declaration, since
+// every kernel in this file shares the name.
+extern __shared__ __align__(16) unsigned char dynamic_smem[];

@@ -44,11 +44,13 @@ __device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, flo
                                        const i64* __restrict__ positions, i64 r, i64 rows_per_position) {
 {%- if rope %}
     if (l < COLS && l % PADDED < R) {
-        const double two_pi = 6.283185307179586;
+        // Multiplying by 1/(2π) rather than dividing keeps the f64 division's slow path (a call,
+        // with registers saved around it) out of the epilogue; the reduced angle may then end a
+        // rounding past ±π, where the intrinsic is as accurate.
+        const double two_pi = 6.283185307179586, inv_two_pi = 0.15915494309189535;
         double angle = (double)positions[r / rows_per_position] * inv_freq[(l % PADDED) / 2];
-        angle -= two_pi * rint(angle / two_pi);
+        angle -= two_pi * rint(angle * inv_two_pi);
         float s, c;
-        // |angle| ≤ π: the intrinsic is accurate there and needs no local memory.
         __sincosf((float)angle, &s, &c);
         const float a = v0, b = v1;
         v0 = a * c - b * s;

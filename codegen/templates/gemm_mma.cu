@@ -11,9 +11,8 @@
     constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8, STAGES = 4;
     constexpr int N_TILES = (COLS + BN - 1) / BN;
     constexpr int STEPS = (K + BK - 1) / BK;
-    extern __shared__ __align__(16) bf16 smem[];
-    bf16* const sx = smem;                      // [STAGES][BM][LDS]
-    bf16* const sw = smem + STAGES * BM * LDS;  // [STAGES][BN][LDS]
+    bf16* const sx = reinterpret_cast<bf16*>(dynamic_smem);  // [STAGES][BM][LDS]
+    bf16* const sw = sx + STAGES * BM * LDS;                 // [STAGES][BN][LDS]
 
     i64 b = blockIdx.x;
     const int nt = (int)(b % N_TILES);

@@ -1,10 +1,10 @@
 // moe.experts: y = Σ_j weight_j · down_e(silu(gate_e x) ⊙ up_e x), e = expert j of the token, over
 // {{ top_k }} experts of {{ inter }} × {{ dim }}. Baseline: one block of 1024 threads per token, looping
 // over its experts; GEMVs one warp per output row (coalesced weight rows, a warp sum each), all in
-// f32. Shared memory holds the token ({{ dim }} × {{ x_t }}), the activation ({{ inter }} f32) and the
-// output accumulator ({{ dim }} f32): {{ shared }} bytes, within the 48 KiB a static allocation may
-// take (and SM120's 99 KiB). No scratch memory: nothing outside the block is written but y.
-extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
+// f32. Dynamic shared memory holds the activation ({{ inter }} f32), the output accumulator
+// ({{ dim }} f32) and the token ({{ dim }} × {{ x_t }}): {{ shared }} bytes, which glmc holds to SM120's
+// 99 KiB. No scratch memory: nothing outside the block is written but y.
+extern "C" __global__ void __launch_bounds__(1024) {{ name }}(
     {{ y_t }}* __restrict__ y, i64 y_row,
     const {{ x_t }}* __restrict__ x, i64 x_row,
     const {{ w_t }}* __restrict__ weights, i64 weights_row,
@@ -15,9 +15,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
 {
     constexpr int D = {{ dim }}, I = {{ inter }}, TOP_K = {{ top_k }}, E = {{ experts }};
     constexpr int WARPS = 32;
-    __shared__ {{ x_t }} xs[D];
-    __shared__ float hs[I];
-    __shared__ float ys[D];
+    float* const hs = reinterpret_cast<float*>(dynamic_smem);  // [I]
+    float* const ys = hs + I;                                   // [D]
+    {{ x_t }}* const xs = reinterpret_cast<{{ x_t }}*>(ys + D);  // [D]
     const i64 row = blockIdx.x;
     if (row >= rows) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

@@ -1,0 +1,73 @@
+{% include "gemm_head.cuh" %}
+    // SIMT GEMM for few rows, any dtype, f32 FMA: decode in the f32 validation mode, and the f32
+    // router, whose handful of rows would leave the 64 × 64 tiles of the baseline idle (it ran
+    // 256 × 6144 for one row in 400 us). Each warp computes two adjacent (permuted) columns, so a
+    // rope pair stays in one thread, for up to 8 rows; 8 warps a block make 16 columns, and more
+    // rows take more blocks. Lanes split K in vectors of {{ vec }} elements, so a warp streams
+    // each weight row once per 8 rows; the 16 sums are reduced across the warp at the end, and
+    // lane r stores row r.
+    constexpr int WARPS = {{ threads }} / 32, BN = 2 * WARPS, RB = 8, V = {{ vec }};
+    constexpr int N_TILES = (COLS + BN - 1) / BN;
+
+    i64 b = blockIdx.x;
+    const int nt = (int)(b % N_TILES);
+    b /= N_TILES;
+    const int h = (int)(b % HEADS);
+    const i64 m0 = b / HEADS * RB;
+    if (m0 >= rows) return;  // the grid is rounded up to whole row groups
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int l0 = nt * BN + warp * 2;
+    const int c0 = column(l0), c1 = column(l0 + 1);
+    if (c0 < 0 && c1 < 0) return;
+    const {{ w_t }}* w0 = w + (i64)h * N * K + (c0 >= 0 ? (i64)c0 * K : 0);
+    const {{ w_t }}* w1 = w + (i64)h * N * K + (c1 >= 0 ? (i64)c1 * K : 0);
+    const int nr = (int)min((i64)RB, rows - m0);
+    const {{ x_t }}* xr[RB];
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+        xr[r] = x + (r < nr ? x_offset(m0 + r, h, x_outer, x_row, x_inner_rows, x_head) : 0);
+
+    float acc[RB][2];
+#pragma unroll
+    for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = 0.f;
+#pragma unroll 2
+    for (int k = lane * V; k < K; k += 32 * V) {
+        float a0[V], a1[V];
+        if (c0 >= 0) {
+            ld_vec<{{ w_t }}, V>(w0 + k, a0);
+        } else {
+#pragma unroll
+            for (int v = 0; v < V; ++v) a0[v] = 0.f;
+        }
+        if (c1 >= 0) {
+            ld_vec<{{ w_t }}, V>(w1 + k, a1);
+        } else {
+#pragma unroll
+            for (int v = 0; v < V; ++v) a1[v] = 0.f;
+        }
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+            if (r < nr) {
+                float xv[V];
+                ld_vec<{{ x_t }}, V>(xr[r] + k, xv);
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    acc[r][0] = fmaf(xv[v], a0[v], acc[r][0]);
+                    acc[r][1] = fmaf(xv[v], a1[v], acc[r][1]);
+                }
+            }
+        }
+    }
+    // Every lane gets every sum; lane r stores row r.
+    float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+        const float s0 = warp_sum(acc[r][0]), s1 = warp_sum(acc[r][1]);
+        if (lane == r) {
+            v0 = s0;
+            v1 = s1;
+        }
+    }
+    if (lane < nr)
+        store2(y + (m0 + lane) * y_row + h * y_head, l0, v0, v1, positions, m0 + lane, rows_per_position);
+}
