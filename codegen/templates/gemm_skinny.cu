@@ -52,7 +52,7 @@
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
 
     const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll 2
+#pragma unroll 4
     for (int ch = warp; ch < CHUNKS; ch += WARPS) {
         const int k0 = ch * CHUNK;
         const bool in_k = k0 + t4 * 8 < K;
