@@ -86,8 +86,10 @@ impl CudaExecutor {
             ..Default::default()
         };
         let mut held = Vec::with_capacity(manifest.weights.len());
+        // Each weight is uploaded in the dtype the artifact was compiled for, whatever the
+        // checkpoint stores: an f32 validation artifact gets f32 weights from a bf16 checkpoint.
         for w in &manifest.weights {
-            let t = weights.weight(&w.name, &w.recipe)?;
+            let t = weights.weight(&w.name, &w.recipe, w.dtype)?;
             let bytes = t.to_bytes(w.dtype).map_err(|e| {
                 artifact_error(format!("weight \"{}\" as {}: {e}", w.name, w.dtype))
             })?;
