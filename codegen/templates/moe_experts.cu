@@ -1,9 +1,11 @@
 // moe.experts: y = Σ_j weight_j · down_e(silu(gate_e x) ⊙ up_e x), e = expert j of the token, over
 // {{ top_k }} experts of {{ inter }} × {{ dim }}. Baseline: one block of 1024 threads per token, looping
 // over its experts; GEMVs one warp per output row (coalesced weight rows, a warp sum each), all in
-// f32. Shared memory holds the token ({{ dim }} × {{ x_t }}), the activation ({{ inter }} f32) and the
+// f32. Shared memory holds {% if stage_x %}the token ({{ dim }} × {{ x_t }}), {% endif %}the activation ({{ inter }} f32) and the
 // output accumulator ({{ dim }} f32): {{ shared }} bytes, within the 48 KiB a static allocation may
-// take (and SM120's 99 KiB). No scratch memory: nothing outside the block is written but y.
+// take (and SM120's 99 KiB).{% if not stage_x %} The token does not fit beside them, so the GEMVs read it
+// from global memory, where L1 keeps it.{% endif %} No scratch memory: nothing outside the block is
+// written but y.
 extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
     {{ y_t }}* __restrict__ y, i64 y_row,
     const {{ x_t }}* __restrict__ x, i64 x_row,
@@ -15,17 +17,19 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
 {
     constexpr int D = {{ dim }}, I = {{ inter }}, TOP_K = {{ top_k }}, E = {{ experts }};
     constexpr int WARPS = 32;
-    __shared__ {{ x_t }} xs[D];
-    __shared__ float hs[I];
+{% if stage_x %}    __shared__ {{ x_t }} xs[D];
+{% endif %}    __shared__ float hs[I];
     __shared__ float ys[D];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int d = tid; d < D; d += 1024) {
+{% if stage_x %}    for (int d = tid; d < D; d += 1024) {
         xs[d] = x[row * x_row + d];
         ys[d] = 0.f;
     }
-    __syncthreads();
+{% else %}    const {{ x_t }}* xs = x + row * x_row;
+    for (int d = tid; d < D; d += 1024) ys[d] = 0.f;
+{% endif %}    __syncthreads();
     for (int j = 0; j < TOP_K; ++j) {
         const i64 e = experts[row * experts_row + j];
         const float wj = ld(weights + row * weights_row + j);
