@@ -43,9 +43,28 @@ pub enum AttentionArg {
     Sparse,
 }
 
-/// How the graph is optimised; shared by compile, dump and run.
+/// The activation and dense-weight dtype `--dtype` picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    /// The f32 validation mode: every op runs its f32 kernel with FP32 FMA only (no tensor
+    /// cores, no TF32), so the compiled model can be held to the float64 oracle.
+    F32,
+    /// bfloat16, what GLM-5 is served in; prefill matmuls run on the tensor cores where their
+    /// shapes allow.
+    Bf16,
+}
+
+/// What `--dtype` says in every command's help.
+pub const DTYPE_HELP: &str = "Activation and dense-weight dtype the graph is built for \
+(the router and the logits stay f32 either way); the checkpoint's weights, whatever it stores, \
+are rounded to it. Default: the model's own dtype, the config's `dtype` (bf16 for GLM-5; a \
+config.json's float32 or float64 gives f32)";
+
+/// How the graph is built and optimised; shared by compile, dump and run.
 #[derive(Args, Clone, Debug)]
 pub struct PipelineArgs {
+    #[arg(long, value_enum, help = DTYPE_HELP)]
+    pub dtype: Option<DTypeArg>,
     /// Optimisation level: -O0 runs no optimisation pass (select-attention still applies), -O1 all.
     #[arg(short = 'O', default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub opt_level: u8,
@@ -163,7 +182,8 @@ pub struct DumpArgs {
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
-    /// The reference interpreter (f32, multi-threaded).
+    /// The reference interpreter (multi-threaded): computes in f32, with the weights rounded
+    /// to the model's dtype.
     Cpu,
     /// GPU 0: the model is compiled for it on the fly (needs a CUDA compiler, see --nvcc) and
     /// run from its artifact.

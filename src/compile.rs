@@ -6,19 +6,22 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use glmc_codegen::artifact::Manifest;
 use glmc_codegen::{lower_module, nvcc, render, Limits, Lowered, Target};
-use glmc_ir::{print_function, print_module, print_module_summary, verify_module, Module};
+use glmc_ir::{print_function, print_module, print_module_summary, verify_module, DType, Module};
 use glmc_models::builder::BuildOptions;
 use glmc_models::{AttentionMode, ImportNote, ModelConfig};
 use glmc_passes::{pipeline, AttentionChoice, PassRecord, PipelineOptions};
 use regex::Regex;
 
-use crate::cli::{AttentionArg, CompileArgs, LimitsArgs, PipelineArgs};
+use crate::cli::{AttentionArg, CompileArgs, DTypeArg, LimitsArgs, PipelineArgs};
 use crate::explain::explain;
 use crate::model_source::load_config;
 
 /// A model after the pipeline.
 pub struct Built {
+    /// The config, its `dtype` replaced by `--dtype` when given.
     pub config: ModelConfig,
+    /// Whether `config.dtype` is `--dtype`'s rather than the model's own.
+    pub dtype_from_flag: bool,
     /// What the config.json import took from transformers' defaults.
     pub notes: Vec<ImportNote>,
     pub module: Module,
@@ -40,8 +43,17 @@ pub fn attention_choice(config: &ModelConfig, arg: Option<AttentionArg>) -> Atte
     }
 }
 
-/// Loads MODEL, builds (with `options`) and verifies its graph, and runs the pass pipeline;
-/// `dump_after` keeps the module after the passes it matches.
+/// The dtype the user asked for: the command line wins over the config.
+fn dtype_choice(config: &ModelConfig, arg: Option<DTypeArg>) -> DType {
+    match arg {
+        Some(DTypeArg::F32) => DType::F32,
+        Some(DTypeArg::Bf16) => DType::BF16,
+        None => config.dtype,
+    }
+}
+
+/// Loads MODEL, applies `--dtype`, builds (with `options`) and verifies its graph, and runs the
+/// pass pipeline; `dump_after` keeps the module after the passes it matches.
 pub fn build(
     model: &Path,
     options: &BuildOptions,
@@ -49,7 +61,8 @@ pub fn build(
     dump_after: Option<Regex>,
 ) -> anyhow::Result<Built> {
     let imported = load_config(model)?;
-    let config = imported.config;
+    let mut config = imported.config;
+    config.dtype = dtype_choice(&config, args.dtype);
     let mut module = glmc_models::builder::build(&config, options).with_context(|| {
         format!(
             "building the graph of {} (a glmc bug: the config validated)",
@@ -70,6 +83,7 @@ pub fn build(
     let records = pm.run(&mut module)?;
     Ok(Built {
         config,
+        dtype_from_flag: args.dtype.is_some(),
         notes: imported.notes,
         module,
         records,
@@ -123,6 +137,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let source = render::render(&lowered.kernels)?;
     let mut manifest = Manifest::new(
         module,
+        built.config.dtype,
         &lowered,
         built.records.iter().map(|r| r.name.to_string()).collect(),
         &built.config,
@@ -220,8 +235,9 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         eprintln!("{n}");
     }
     eprintln!(
-        "compiled {} for {target} into {}",
+        "compiled {} ({}) for {target} into {}",
         module.name,
+        built.config.dtype,
         out.display()
     );
     Ok(())

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use glmc_ir::{Function, Module, Op};
+use glmc_ir::{DType, Function, Module, Op};
 use glmc_passes::AttentionChoice;
 
 use crate::compile::Built;
@@ -23,6 +23,22 @@ pub fn explain(built: &Built) -> String {
         (AttentionChoice::Dense, None) => "attention=dense and the model has no indexer".to_string(),
     };
     writeln!(out, "{}: {reason}", built.module.name).unwrap();
+    let source = if built.dtype_from_flag {
+        format!("--dtype {}", config.dtype)
+    } else {
+        "the model's dtype".to_string()
+    };
+    let what = match config.dtype {
+        DType::F32 => "the f32 validation mode, every kernel in FP32 FMA (no tensor cores or TF32)",
+        DType::BF16 => "activations and dense weights in bf16, prefill matmuls on the tensor cores; the router and the logits in f32",
+        _ => "activations and dense weights in this dtype; the router and the logits in f32",
+    };
+    writeln!(
+        out,
+        "{}: dtype {} ({source}): {what}",
+        built.module.name, config.dtype
+    )
+    .unwrap();
     for note in &built.notes {
         writeln!(out, "config.json: {note}").unwrap();
     }

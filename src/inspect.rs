@@ -21,7 +21,10 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
             args.checkpoint.display()
         );
     }
+    // The checkpoint is checked against the graph of its own dtype: weights of any float dtype
+    // load into either, so the dtype changes nothing inspect reports.
     let pipeline = PipelineArgs {
+        dtype: None,
         opt_level: 0,
         disable_pass: Vec::new(),
         attention: args.attention,

@@ -163,7 +163,13 @@ fn cuda_executor(
         max_context: context as u64,
     };
     let lowered = lower_module(&built.module, target, limits)?;
-    let manifest = Manifest::new(&built.module, &lowered, Vec::new(), &built.config);
+    let manifest = Manifest::new(
+        &built.module,
+        built.config.dtype,
+        &lowered,
+        Vec::new(),
+        &built.config,
+    );
     if !manifest.complete {
         bail!(
             "{} cannot run on the GPU yet: glmc has no kernels for {} (they land with the next codegen issues); use --device cpu",

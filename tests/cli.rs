@@ -40,7 +40,10 @@ fn compile_glm5_writes_the_artifact() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("glm5.glmc");
     let stderr = compile("models/glm5.ron", "sm120", &out);
-    assert!(stderr.contains("compiled glm5 for sm120"), "{stderr}");
+    assert!(
+        stderr.contains("compiled glm5 (bf16) for sm120"),
+        "{stderr}"
+    );
 
     let files = tree(&out);
     for f in ["manifest.ron"].iter().chain(IR_FILES.iter()) {

@@ -10,7 +10,7 @@ use crate::nvcc::KernelUsage;
 use crate::schedule::{Kernel, Phase};
 
 /// Bumped whenever the manifest's meaning changes; the runtime refuses other versions.
-pub const MANIFEST_VERSION: u32 = 1;
+pub const MANIFEST_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WeightEntry {
@@ -62,6 +62,10 @@ pub struct Manifest<C> {
     /// `sm_120a`, what the cubin is built for.
     pub arch: String,
     pub instructions: String,
+    /// The activation and dense-weight dtype the graph was built for: `bf16`, or `f32` for an
+    /// f32 validation artifact (FP32 FMA only, no tensor cores). Each weight entry carries its
+    /// own dtype, which is what the runtime uploads, so running the artifact uses this one.
+    pub dtype: DType,
     /// False while any op has no kernel: such an artifact is never run.
     pub complete: bool,
     pub missing_ops: Vec<String>,
@@ -119,7 +123,14 @@ pub fn states(module: &Module, limits: &Limits) -> Vec<StateEntry> {
 }
 
 impl<C: Serialize> Manifest<C> {
-    pub fn new(module: &Module, lowered: &Lowered, passes: Vec<String>, config: C) -> Manifest<C> {
+    /// The manifest of `module`, built for `dtype`, lowered as `lowered`.
+    pub fn new(
+        module: &Module,
+        dtype: DType,
+        lowered: &Lowered,
+        passes: Vec<String>,
+        config: C,
+    ) -> Manifest<C> {
         let missing = lowered.missing_ops();
         Manifest {
             version: MANIFEST_VERSION,
@@ -127,6 +138,7 @@ impl<C: Serialize> Manifest<C> {
             target: lowered.target.name().to_string(),
             arch: lowered.target.nvcc_arch().to_string(),
             instructions: lowered.target.instructions().to_string(),
+            dtype,
             complete: missing.is_empty(),
             missing_ops: missing,
             cubin: None,

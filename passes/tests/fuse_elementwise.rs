@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use glmc_ir::{print_module, Module, Op, Recipe};
+use glmc_ir::{print_module, DType, Module, Op, Recipe};
 use glmc_models::builder::{build, BuildOptions, LogitRows};
 use glmc_models::{import_hf, shipped_config_path, ModelConfig};
 use glmc_passes::absorb_mla::AbsorbMla;
@@ -277,7 +277,7 @@ impl RandomCheckpoint {
 }
 
 impl WeightSource for RandomCheckpoint {
-    fn weight(&self, name: &str, recipe: &Recipe) -> Result<Tensor, InterpError> {
+    fn weight(&self, name: &str, recipe: &Recipe, _dtype: DType) -> Result<Tensor, InterpError> {
         self.eval(recipe)
             .map_err(|_| InterpError::MissingWeight { name: name.into() })
     }

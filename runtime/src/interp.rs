@@ -80,13 +80,15 @@ fn fmt_operands(operands: &[Arc<Tensor>]) -> String {
 
 /// Where weight nodes get their values.
 pub trait WeightSource {
-    /// The value of weight node `name`, made by `recipe`. The interpreter checks its shape.
-    fn weight(&self, name: &str, recipe: &Recipe) -> Result<Tensor, InterpError>;
+    /// The value of weight node `name`, made by `recipe`, for a node of `dtype`. The interpreter
+    /// checks its shape and rounds its floats to `dtype`; a source that knows the stored
+    /// precision rounds them itself, once.
+    fn weight(&self, name: &str, recipe: &Recipe, dtype: DType) -> Result<Tensor, InterpError>;
 }
 
 impl WeightSource for Checkpoint {
-    fn weight(&self, name: &str, recipe: &Recipe) -> Result<Tensor, InterpError> {
-        self.materialize(recipe)
+    fn weight(&self, name: &str, recipe: &Recipe, dtype: DType) -> Result<Tensor, InterpError> {
+        self.materialize_as(recipe, dtype)
             .map_err(|source| InterpError::Checkpoint {
                 name: name.to_string(),
                 source: Box::new(source),
@@ -96,7 +98,7 @@ impl WeightSource for Checkpoint {
 
 /// Weights by weight node name (tests, synthetic models); the recipe is ignored.
 impl WeightSource for HashMap<String, Tensor> {
-    fn weight(&self, name: &str, _recipe: &Recipe) -> Result<Tensor, InterpError> {
+    fn weight(&self, name: &str, _recipe: &Recipe, _dtype: DType) -> Result<Tensor, InterpError> {
         self.get(name)
             .cloned()
             .ok_or_else(|| InterpError::MissingWeight {
@@ -579,7 +581,8 @@ impl Interpreter {
     }
 
     /// A weight node's value: from the cache when the same node name was materialized with an
-    /// equal recipe, else from `source`, checked against the node's declared type.
+    /// equal recipe, else from `source`, checked against the node's declared type and rounded
+    /// to its dtype, so a bf16 model computes with the weights a bf16 device holds.
     fn weight(
         &mut self,
         node: &Node,
@@ -591,10 +594,10 @@ impl Interpreter {
                 return Ok(t.clone());
             }
         }
-        let t = source
-            .weight(&node.name, recipe)
-            .map_err(|e| Failure::Source(Box::new(e)))?;
         let declared = &node.outputs[0];
+        let t = source
+            .weight(&node.name, recipe, declared.dtype)
+            .map_err(|e| Failure::Source(Box::new(e)))?;
         let shape_ok = declared.shape.len() == t.shape().len()
             && declared
                 .shape
@@ -614,7 +617,7 @@ impl Interpreter {
                 t.dtype()
             )));
         }
-        let t = Arc::new(t);
+        let t = Arc::new(t.rounded_to(declared.dtype));
         self.weights
             .insert(node.name.clone(), (recipe.clone(), t.clone()));
         Ok(t)

@@ -181,9 +181,12 @@ impl RandomWeights {
     }
 }
 
+/// Generated at their stored precision, then rounded to the weight's dtype (a no-op unless the
+/// weight is narrower than the model's storage).
 impl WeightSource for RandomWeights {
-    fn weight(&self, name: &str, recipe: &Recipe) -> Result<Tensor, InterpError> {
+    fn weight(&self, name: &str, recipe: &Recipe, dtype: DType) -> Result<Tensor, InterpError> {
         self.materialize(recipe)
+            .map(|t| t.rounded_to(dtype))
             .map_err(|source| InterpError::Checkpoint {
                 name: name.to_string(),
                 source: Box::new(source),

@@ -100,6 +100,32 @@ impl Data {
     }
 }
 
+/// `x` rounded to nearest-even to the float type `dtype` (f32, or bf16 and f16, whose values
+/// an f32 holds exactly); any other `dtype` is treated as f32.
+///
+/// An f64 is not rounded to bf16 through a plain f32 (or through `half`'s `from_f64`, which drops
+/// the low mantissa bits first): both round twice, and a value just past a bf16 tie lands on the
+/// tie and then goes to even, the wrong way. Rounding to odd in f32 keeps the lost bits as a
+/// sticky bit, and with 16 spare bits over bf16 (13 over f16) the second rounding is then exact.
+pub fn round_to(x: f64, dtype: DType) -> f32 {
+    let narrow: fn(f32) -> f32 = match dtype {
+        DType::BF16 => |v| half::bf16::from_f32(v).to_f32(),
+        DType::F16 => |v| half::f16::from_f32(v).to_f32(),
+        _ => return x as f32,
+    };
+    let nearest = x as f32;
+    if nearest.is_nan() || nearest.is_infinite() || f64::from(nearest) == x {
+        return narrow(nearest);
+    }
+    // One step toward zero when rounding went away from it: truncation, then the sticky bit.
+    let truncated = if f64::from(nearest).abs() > x.abs() {
+        f32::from_bits(nearest.to_bits() - 1)
+    } else {
+        nearest
+    };
+    narrow(f32::from_bits(truncated.to_bits() | 1))
+}
+
 /// The parts of a concat or stack, all of one element class.
 enum Parts<'a> {
     F32(Vec<&'a [f32]>),
@@ -150,6 +176,19 @@ impl Tensor {
             }
             _ => return Err(TensorError::DeviceDType { op, dtype }),
         })
+    }
+
+    /// The tensor as a node of `dtype` holds it: f32 data rounded to nearest-even to bf16 or
+    /// f16 values (still held in f32), everything else unchanged. Rounding a value that is
+    /// already of `dtype` leaves it as it is.
+    pub fn rounded_to(self, dtype: DType) -> Tensor {
+        match self.data {
+            Data::F32(v) if matches!(dtype, DType::BF16 | DType::F16) => Tensor {
+                shape: self.shape,
+                data: Data::F32(v.into_iter().map(|x| round_to(x.into(), dtype)).collect()),
+            },
+            _ => self,
+        }
     }
 
     /// A tensor of `shape` whose elements, in row-major order, are the `dtype` values at

@@ -15,13 +15,13 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use glmc_ir::{Recipe, RecipeError};
+use glmc_ir::{DType, Recipe, RecipeError};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::tensor::Metadata;
 use serde::Deserialize;
 
-use crate::tensor::{Data, Tensor, TensorError};
+use crate::tensor::{round_to, Data, Tensor, TensorError};
 
 /// The stored dtype of a checkpoint tensor, as the safetensors header names it.
 pub use safetensors::Dtype;
@@ -35,7 +35,8 @@ const HEADER_LEN_BYTES: usize = 8;
 /// How many problems [`WeightError::Problems`] lists before summarising the rest.
 const MAX_LISTED: usize = 20;
 /// The stored dtypes [`Checkpoint`] can read, for error messages.
-const SUPPORTED: &str = "F32, BF16, F16, F64 (read as f32), I64, I32 (read as i64)";
+const SUPPORTED: &str =
+    "F32, BF16, F16, F64 (floats become the weight's dtype), I64, I32 (read as i64)";
 
 /// Why a checkpoint cannot be opened, or does not fit a recipe.
 #[derive(Debug, thiserror::Error)]
@@ -257,7 +258,7 @@ impl Checkpoint {
     /// One tensor as stored: floats as f32, integers as i64.
     pub fn load(&self, name: &str) -> Result<Tensor, WeightError> {
         let entry = self.entry(name)?;
-        self.decode(name, entry)
+        self.decode(name, entry, DType::F32)
     }
 
     /// Checks that every leaf of `recipe` exists with exactly the expected shape and a loadable
@@ -301,18 +302,20 @@ impl Checkpoint {
     /// Evaluates `recipe` on the checkpoint: a tensor of `recipe.shape()`, f32 when its leaves
     /// are floats (i64 when they are integers).
     pub fn materialize(&self, recipe: &Recipe) -> Result<Tensor, WeightError> {
+        self.materialize_as(recipe, DType::F32)
+    }
+
+    /// [`Checkpoint::materialize`] for a weight of `dtype`: floats are rounded to nearest-even
+    /// to it once, from the stored precision (an f64 checkpoint is not rounded to f32 first).
+    /// Recipes only move elements, so rounding the leaves is rounding the result.
+    pub fn materialize_as(&self, recipe: &Recipe, dtype: DType) -> Result<Tensor, WeightError> {
         recipe.shape()?;
-        self.build(recipe)
+        evaluate(recipe, &|name, shape| self.leaf(name, shape, dtype))
     }
 
-    /// [`Checkpoint::materialize`] once the recipe's shapes are known to be consistent.
-    fn build(&self, recipe: &Recipe) -> Result<Tensor, WeightError> {
-        evaluate(recipe, &|name, shape| self.leaf(name, shape))
-    }
-
-    fn leaf(&self, name: &str, shape: &[u64]) -> Result<Tensor, WeightError> {
+    fn leaf(&self, name: &str, shape: &[u64], dtype: DType) -> Result<Tensor, WeightError> {
         let entry = self.checked_entry(name, shape)?;
-        self.decode(name, entry)
+        self.decode(name, entry, dtype)
     }
 
     fn entry(&self, name: &str) -> Result<&Entry, WeightError> {
@@ -325,7 +328,7 @@ impl Checkpoint {
 
     /// Whether the loader can read a tensor stored as `dtype`.
     pub fn can_load(dtype: Dtype) -> bool {
-        decode(dtype, &[]).is_some()
+        decode(dtype, &[], DType::F32).is_some()
     }
 
     /// The entry of `name` if it has exactly `expected` shape and a dtype [`decode`] reads.
@@ -340,15 +343,15 @@ impl Checkpoint {
                 actual: entry.shape.clone(),
             });
         }
-        if decode(entry.dtype, &[]).is_none() {
+        if decode(entry.dtype, &[], DType::F32).is_none() {
             return Err(self.unsupported(name, entry));
         }
         Ok(entry)
     }
 
-    fn decode(&self, name: &str, entry: &Entry) -> Result<Tensor, WeightError> {
+    fn decode(&self, name: &str, entry: &Entry, to: DType) -> Result<Tensor, WeightError> {
         let bytes = &self.files[entry.file].map[entry.bytes.clone()];
-        let data = decode(entry.dtype, bytes).ok_or_else(|| self.unsupported(name, entry))?;
+        let data = decode(entry.dtype, bytes, to).ok_or_else(|| self.unsupported(name, entry))?;
         Ok(Tensor::new(entry.shape.clone(), data)?)
     }
 
@@ -552,14 +555,17 @@ fn read_header(path: &Path, bytes: &[u8]) -> Result<HashMap<String, Stored>, Wei
 }
 
 /// The elements of `bytes` (little-endian, as safetensors stores them) in the interpreter's
-/// representation, or `None` for a dtype it cannot read. Called with empty bytes it is the one
-/// source of truth for which dtypes are supported.
-fn decode(dtype: Dtype, bytes: &[u8]) -> Option<Data> {
+/// representation, floats rounded to nearest-even to `to` (a float dtype), or `None` for a
+/// dtype it cannot read. Called with empty bytes it is the one source of truth for which dtypes
+/// are supported.
+fn decode(dtype: Dtype, bytes: &[u8], to: DType) -> Option<Data> {
+    // Every stored float type is exact in f64, so this rounds once whatever is stored.
+    let float = |x: f64| round_to(x, to);
     Some(match dtype {
-        Dtype::F32 => Data::F32(convert(bytes, f32::from_le_bytes)),
-        Dtype::BF16 => Data::F32(convert(bytes, |b| bf16::from_le_bytes(b).to_f32())),
-        Dtype::F16 => Data::F32(convert(bytes, |b| f16::from_le_bytes(b).to_f32())),
-        Dtype::F64 => Data::F32(convert(bytes, |b| f64::from_le_bytes(b) as f32)),
+        Dtype::F32 => Data::F32(convert(bytes, |b| float(f32::from_le_bytes(b).into()))),
+        Dtype::BF16 => Data::F32(convert(bytes, |b| float(bf16::from_le_bytes(b).to_f64()))),
+        Dtype::F16 => Data::F32(convert(bytes, |b| float(f16::from_le_bytes(b).to_f64()))),
+        Dtype::F64 => Data::F32(convert(bytes, |b| float(f64::from_le_bytes(b)))),
         Dtype::I64 => Data::I64(convert(bytes, i64::from_le_bytes)),
         Dtype::I32 => Data::I64(convert(bytes, |b| i32::from_le_bytes(b).into())),
         _ => return None,

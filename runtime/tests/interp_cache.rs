@@ -348,9 +348,9 @@ struct Counting {
 }
 
 impl WeightSource for Counting {
-    fn weight(&self, name: &str, recipe: &Recipe) -> Result<Tensor, InterpError> {
+    fn weight(&self, name: &str, recipe: &Recipe, dtype: DType) -> Result<Tensor, InterpError> {
         self.loads.set(self.loads.get() + 1);
-        self.inner.weight(name, recipe)
+        self.inner.weight(name, recipe, dtype)
     }
 }
 
@@ -440,4 +440,34 @@ fn trace_sees_every_executed_node_with_its_outputs() {
     assert_eq!(last.shape, out[0].shape());
     let cache_rec = records.iter().find(|r| r.node == "cache").unwrap();
     assert_eq!(cache_rec.shape, [2, L + R]);
+}
+
+/// A weight node holds its dtype's values: the interpreter rounds a bf16 node's weights to
+/// nearest-even bf16 (what a bf16 device holds), and leaves an f32 node's alone.
+#[test]
+fn weights_are_rounded_to_their_node_dtype() {
+    let mut func = Function::new("prefill");
+    let result = |func: &mut Function, name: &str, dtype| {
+        let w = func
+            .push_weight(name, Recipe::tensor(name, vec![3]), dtype)
+            .unwrap();
+        func.results.push((name.to_string(), w));
+    };
+    result(&mut func, "w_bf16", DType::BF16);
+    result(&mut func, "w_f32", DType::F32);
+    // A tie (1 + 2^-8, to even: 1), just past one (up), and a value bf16 holds exactly.
+    let values = vec![
+        1.0 + 2f32.powi(-8),
+        1.0 + 2f32.powi(-8) + 2f32.powi(-20),
+        0.15625,
+    ];
+    let weights: HashMap<String, Tensor> = ["w_bf16", "w_f32"]
+        .iter()
+        .map(|n| (n.to_string(), f32t(&[3], values.clone())))
+        .collect();
+    let out = Interpreter::new()
+        .run(&Module::new("m"), &func, &weights, &mut [], &[])
+        .unwrap();
+    assert_eq!(fv(&out[0]), [1.0, 1.0 + 2f32.powi(-7), 0.15625]);
+    assert_eq!(fv(&out[1]), values);
 }

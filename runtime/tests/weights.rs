@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use glmc_ir::Recipe;
+use glmc_ir::{DType, Recipe};
 use glmc_runtime::weights::Dtype;
 use glmc_runtime::{Checkpoint, WeightError};
 use half::{bf16, f16};
@@ -117,6 +117,74 @@ fn f64_converts_to_nearest_f32() {
         .collect();
     let (_d, ckpt) = open(&[raw("w", Dtype::F64, &[3], bytes)]);
     assert_eq!(load_f32(&ckpt, "w"), [0.1f32, 2.5, -1e-3f32]);
+}
+
+/// The weights of a bf16 graph, from each stored float type: rounded once, to nearest-even.
+#[test]
+fn materialize_as_bf16_rounds_every_stored_float_type_to_nearest_even() {
+    let one_ulp = 2f64.powi(-7);
+    // 1 + 2^-8 is a bf16 tie (goes to even, 1); 1 + 3·2^-8 a tie that goes up; just past a tie
+    // rounds up, however little past. 1 + 2^-8 + 2^-40 is the case a detour through f32 gets
+    // wrong: the f32 rounding lands on the tie and then goes to even.
+    let cases: [(f64, f64); 6] = [
+        (1.0 + 2f64.powi(-8), 1.0),
+        (1.0 + 3.0 * 2f64.powi(-8), 1.0 + 2.0 * one_ulp),
+        (1.0 + 2f64.powi(-8) + 2f64.powi(-40), 1.0 + one_ulp),
+        (-(1.0 + 2f64.powi(-8) + 2f64.powi(-40)), -(1.0 + one_ulp)),
+        (0.1, f64::from(bf16::from_f32(0.1).to_f32())),
+        (1e39, f64::INFINITY),
+    ];
+    let f64_bytes = cases.iter().flat_map(|(v, _)| v.to_le_bytes()).collect();
+    let f32_values: Vec<f32> = cases.iter().map(|&(v, _)| v as f32).collect();
+    let (_d, ckpt) = open(&[
+        raw("w64", Dtype::F64, &[6], f64_bytes),
+        f32s("w32", &[6], &f32_values),
+        raw(
+            "w16",
+            Dtype::BF16,
+            &[2],
+            [1.5f32, -3.0]
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
+    ]);
+    let as_bf16 = |name: &str, n: u64| {
+        ckpt.materialize_as(&leaf(name, &[n]), DType::BF16)
+            .unwrap()
+            .into_f32()
+            .unwrap()
+    };
+    let expected: Vec<f32> = cases.iter().map(|&(_, r)| r as f32).collect();
+    assert_eq!(as_bf16("w64", 6), expected);
+    // From f32 the tie-plus-2^-40 case is already the tie, so it goes to even: f32 rounding,
+    // not the loader's.
+    let from_f32: Vec<f32> = f32_values
+        .iter()
+        .map(|&v| bf16::from_f32(v).to_f32())
+        .collect();
+    assert_eq!(as_bf16("w32", 6), from_f32);
+    assert_eq!(as_bf16("w16", 2), [1.5, -3.0]);
+    // As f32 nothing but the f64 → f32 rounding happens.
+    let t = ckpt.materialize_as(&leaf("w32", &[6]), DType::F32).unwrap();
+    assert_eq!(t.into_f32().unwrap(), f32_values);
+}
+
+/// A bf16 checkpoint loads exactly into an f32 graph, and its values are fixed points of the
+/// rounding to bf16.
+#[test]
+fn bf16_weights_load_exactly_as_f32_and_as_bf16() {
+    let values = [1.5f32, -2.0, 0.15625, 3.0e-3, -7.5e4];
+    let bytes = values
+        .iter()
+        .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    let (_d, ckpt) = open(&[raw("w", Dtype::BF16, &[5], bytes)]);
+    let exact: Vec<f32> = values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+    for dtype in [DType::F32, DType::BF16] {
+        let t = ckpt.materialize_as(&leaf("w", &[5]), dtype).unwrap();
+        assert_eq!(t.into_f32().unwrap(), exact, "{dtype}");
+    }
 }
 
 #[test]

@@ -276,3 +276,26 @@ fn device_bytes_round_trip() {
     assert!(t.to_bytes(DType::I64).is_err());
     assert!(t.to_bytes(DType::F8E4M3).is_err());
 }
+
+#[test]
+fn rounded_to_rounds_floats_to_bf16_and_f16_and_keeps_the_rest() {
+    let tiny = 2f32.powi(-100);
+    let values = vec![1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), tiny, -2.5];
+    let t = Tensor::f32(vec![4], values.clone()).unwrap();
+    let bf16 = t.clone().rounded_to(DType::BF16);
+    // Ties go to even; bf16 has f32's exponents, so 2^-100 stays.
+    assert_eq!(
+        bf16.as_f32().unwrap(),
+        [1.0, 1.0 + 2f32.powi(-6), tiny, -2.5]
+    );
+    assert_eq!(bf16.clone().rounded_to(DType::BF16), bf16, "idempotent");
+    // f16 holds the first two exactly; 2^-100 is far below its smallest subnormal (2^-24).
+    let f16 = t.clone().rounded_to(DType::F16);
+    assert_eq!(
+        f16.as_f32().unwrap(),
+        [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 0.0, -2.5]
+    );
+    assert_eq!(t.clone().rounded_to(DType::F32), t);
+    let ints = Tensor::i64(vec![2], vec![3, -7]).unwrap();
+    assert_eq!(ints.clone().rounded_to(DType::BF16), ints);
+}

@@ -175,8 +175,13 @@ pub struct Weights {
 }
 
 impl WeightSource for Weights {
-    fn weight(&self, name: &str, recipe: &glmc_ir::Recipe) -> Result<Tensor, InterpError> {
-        self.checkpoint.weight(name, recipe)
+    fn weight(
+        &self,
+        name: &str,
+        recipe: &glmc_ir::Recipe,
+        dtype: glmc_ir::DType,
+    ) -> Result<Tensor, InterpError> {
+        self.checkpoint.weight(name, recipe, dtype)
     }
 }
 

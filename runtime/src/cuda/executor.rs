@@ -198,6 +198,8 @@ impl CudaExecutor {
             Weights::Random { cubin, .. } => Some(gpu.load(cubin)?),
             Weights::Host(_) => None,
         };
+        // Each weight is uploaded in the dtype the artifact was compiled for, whatever the
+        // checkpoint stores: an f32 validation artifact gets f32 weights from a bf16 checkpoint.
         for w in &manifest.weights {
             let on_device = match (&weights, generator.as_mut()) {
                 (Weights::Random { weights, .. }, Some(kernels)) => {
@@ -312,8 +314,8 @@ impl CudaExecutor {
 /// Weight `w` made on the host and uploaded.
 fn upload(gpu: &Gpu, weights: &Weights, w: &WeightEntry) -> Result<CudaSlice<u8>, GenerateError> {
     let t = match weights {
-        Weights::Host(source) => source.weight(&w.name, &w.recipe)?,
-        Weights::Random { weights, .. } => weights.weight(&w.name, &w.recipe)?,
+        Weights::Host(source) => source.weight(&w.name, &w.recipe, w.dtype)?,
+        Weights::Random { weights, .. } => weights.weight(&w.name, &w.recipe, w.dtype)?,
     };
     let bytes = t
         .to_bytes(w.dtype)

@@ -53,7 +53,7 @@ pub fn generate(
     let buf = gpu.alloc((numel * w.dtype.size_bytes()) as usize)?;
     let out = gpu.address(&buf);
     let out_strides = row_major(&w.shape);
-    let f = kernels.function(KERNEL)?;
+    let f = kernels.function(KERNEL, 0)?;
     for p in &pieces {
         let g = random.generator(&p.leaf, &p.leaf_shape);
         let stored: i32 = match g.stored {
