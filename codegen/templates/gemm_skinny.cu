@@ -51,27 +51,38 @@
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
 
+    // The weight vectors of the next chunk are loaded before this one is multiplied, so each
+    // warp keeps two chunks of loads in flight.
     const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll 4
-    for (int ch = warp; ch < CHUNKS; ch += WARPS) {
+    auto fetch = [&](int ch, uint4 (&wq)[NT]) {
         const int k0 = ch * CHUNK;
-        const bool in_k = k0 + t4 * 8 < K;
-        uint4 wq[NT];
+        const bool in_k = ch < CHUNKS && k0 + t4 * 8 < K;
 #pragma unroll
         for (int ni = 0; ni < NT; ++ni) wq[ni] = wv[ni] && in_k ? ld_stream16(wr[ni] + k0) : zero;
+    };
+    uint4 wq[NT], next[NT];
+    fetch(warp, wq);
+#pragma unroll 2
+    for (int ch = warp; ch < CHUNKS; ch += WARPS) {
+        fetch(ch + WARPS, next);
+        const int k0 = ch * CHUNK;
+        const bool in_k = k0 + t4 * 8 < K;
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) {
-            if (mi >= mt) break;
-            const uint4 xa = xv[mi][0] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][0] + k0) : zero;
-            const uint4 xb = xv[mi][1] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][1] + k0) : zero;
-            // Slots (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
-            const unsigned lo[4] = {xa.x, xb.x, xa.y, xb.y}, hi[4] = {xa.z, xb.z, xa.w, xb.w};
+            if (mi < mt) {
+                const uint4 xa = xv[mi][0] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][0] + k0) : zero;
+                const uint4 xb = xv[mi][1] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][1] + k0) : zero;
+                // Slots (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
+                const unsigned lo[4] = {xa.x, xb.x, xa.y, xb.y}, hi[4] = {xa.z, xb.z, xa.w, xb.w};
 #pragma unroll
-            for (int ni = 0; ni < NT; ++ni) {
-                mma_bf16(acc[mi][ni], lo, wq[ni].x, wq[ni].y);
-                mma_bf16(acc[mi][ni], hi, wq[ni].z, wq[ni].w);
+                for (int ni = 0; ni < NT; ++ni) {
+                    mma_bf16(acc[mi][ni], lo, wq[ni].x, wq[ni].y);
+                    mma_bf16(acc[mi][ni], hi, wq[ni].z, wq[ni].w);
+                }
             }
         }
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) wq[ni] = next[ni];
     }
 
 #pragma unroll
