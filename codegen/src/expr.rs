@@ -251,6 +251,31 @@ impl fmt::Display for GridDim {
     }
 }
 
+/// The sizes a launch runs at when it is one of two alternatives for its node: `rows ≤ at_most`
+/// (`small`) or `rows > at_most`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guard {
+    pub rows: Poly,
+    pub at_most: i64,
+    pub small: bool,
+}
+
+impl Guard {
+    /// Whether the launch runs under `bindings` (`None`: `rows` is not bound).
+    pub fn holds(&self, bindings: &Bindings) -> Option<bool> {
+        self.rows
+            .eval(bindings)
+            .map(|r| (r <= self.at_most) == self.small)
+    }
+}
+
+impl fmt::Display for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = if self.small { "≤" } else { ">" };
+        write!(f, "if {} {op} {}", self.rows, self.at_most)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use glmc_ir::{DType, Node, Op};
 
-use crate::expr::{GridDim, Poly};
+use crate::expr::{GridDim, Guard, Poly};
 use crate::layout::{Rows, TensorRef};
 use crate::schedule::{Arg, ArgValue};
 
@@ -49,11 +49,15 @@ pub struct Planned {
     pub spec: Spec,
     pub grid: GridDim,
     pub args: Vec<Arg>,
+    pub when: Option<Guard>,
 }
 
 /// What an op lowers to.
 pub enum Lowering {
     Launch(Planned),
+    /// Kernels of which one runs, chosen by the sizes at hand (their guards), each with the
+    /// [`Source`] of its pointer arguments.
+    Alternatives(Vec<(Planned, Vec<Source>)>),
     /// Not in this version (a GEMM, attention, the indexer, MoE), or not in this form; the
     /// reason is shown in the schedule.
     NotYet(String),
@@ -166,6 +170,7 @@ impl Builder {
             spec: self.spec,
             grid,
             args,
+            when: None,
         })
     }
 }
@@ -235,18 +240,18 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::CacheUpdate { batched, .. } => cache_update(cx, *batched),
         Op::SampleArgmax {} => sample(cx, false),
         Op::SampleTopP {} => sample(cx, true),
-        Op::Matmul {} => matmul(cx, false, None),
-        Op::MatmulHeads {} => matmul(cx, true, None),
+        Op::Matmul {} => gemm(cx, false, None),
+        Op::MatmulHeads {} => gemm(cx, true, None),
         Op::MatmulRope {
             end,
             interleaved,
             period,
             start,
             theta,
-        } => matmul(
+        } => gemm(
             cx,
             false,
-            Some(RopeColumns {
+            Some(&RopeColumns {
                 interleaved: *interleaved,
                 theta: *theta,
                 period: *period,
@@ -766,9 +771,44 @@ fn gemm_tile(x: &TensorRef, w: &TensorRef, xl: &Lead, x_head: &Poly, k: u64) -> 
     }
 }
 
+/// Prefill rows up to which the skinny GEMM runs instead of the tiled one: measured on an H200
+/// (tests/gpu/README.md), at 1 and 8 rows the tiled kernel's 128-row tiles leave most of the GPU
+/// idle (GLM-5's o_proj: 261 us against the skinny kernel's 100), while at 64 rows neither wins
+/// everywhere.
+const SKINNY_PREFILL_ROWS: i64 = 16;
+
 /// `matmul`, `matmul.heads` (`heads`: one weight matrix per head, x and y `[.., H, d]`) and
-/// `matmul.rope` (`rope`: a rotation of some columns at the row's position, as an epilogue).
-fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Lowering, String> {
+/// `matmul.rope` (`rope`: a rotation of some columns at the row's position, as an epilogue). A
+/// prefill on the tensor cores gets two kernels, the tiled one and, for a few rows, the skinny
+/// one; the row count at run time picks.
+fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowering, String> {
+    let (mut tiled, rows) = matmul(cx, heads, rope, None)?;
+    if tiled.spec.template != TILED_GEMM.template {
+        return Ok(Lowering::Launch(tiled));
+    }
+    let tiled_sources = cx.sources.take();
+    let (mut skinny, _) = matmul(cx, heads, rope, Some(&SKINNY_GEMM))?;
+    let skinny_sources = cx.sources.take();
+    let guard = |small| Guard {
+        rows: rows.clone(),
+        at_most: SKINNY_PREFILL_ROWS,
+        small,
+    };
+    skinny.when = Some(guard(true));
+    tiled.when = Some(guard(false));
+    Ok(Lowering::Alternatives(vec![
+        (skinny, skinny_sources),
+        (tiled, tiled_sources),
+    ]))
+}
+
+/// One GEMM kernel for the node (`tile`, or the one [`gemm_tile`] picks) and its row count.
+fn matmul(
+    cx: &NodeCtx,
+    heads: bool,
+    rope: Option<&RopeColumns>,
+    tile: Option<&'static GemmTile>,
+) -> Result<(Planned, Poly), String> {
     let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     if !w.is_contiguous() {
         return Err(format!("the weight is not contiguous ({w})"));
@@ -793,7 +833,7 @@ fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Loweri
     if y_rows != xl.rows {
         return Err(format!("x has {} rows, the output {y_rows}", xl.rows));
     }
-    let tile = gemm_tile(x, w, &xl, &x_head, k);
+    let tile = tile.unwrap_or_else(|| gemm_tile(x, w, &xl, &x_head, k));
     let mut cols = n;
     let mut b = Builder::new(tile.template, 256)
         .param("op", cx.node.op.name())
@@ -829,7 +869,7 @@ fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Loweri
         int("x_head", x_head),
         cx.ptr("w", w),
     ];
-    if let Some(r) = &rope {
+    if let Some(r) = rope {
         let fits = r.period > 0
             && n % r.period == 0
             && r.start < r.end
@@ -864,16 +904,17 @@ fn matmul(cx: &NodeCtx, heads: bool, rope: Option<RopeColumns>) -> Result<Loweri
     // Whole row tiles times the column tiles of every head; blocks past the last row tile
     // return at once.
     let col_tiles = cols.div_ceil(tile.cols) * h;
-    Ok(b.launch(
-        GridDim {
-            work: xl
-                .rows
-                .add(&Poly::constant(tile.rows as i64 - 1))
-                .scale(col_tiles as i64),
-            per_block: tile.rows,
-        },
-        args,
-    ))
+    let grid = GridDim {
+        work: xl
+            .rows
+            .add(&Poly::constant(tile.rows as i64 - 1))
+            .scale(col_tiles as i64),
+        per_block: tile.rows,
+    };
+    let Lowering::Launch(planned) = b.launch(grid, args) else {
+        unreachable!("a builder makes one launch")
+    };
+    Ok((planned, xl.rows))
 }
 
 /// A key/value cache operand `[(b,) t, (H,) d]`: (sequence, key, head) strides and `d`.

@@ -409,6 +409,7 @@ pub fn lower_function(
                     } else {
                         0
                     },
+                    when: planned.when,
                     args: planned.args,
                     outputs: outputs.iter().map(resolve).collect(),
                 })
@@ -616,32 +617,35 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 max_context: st.limits.max_context,
                 sources: Default::default(),
             };
-            match kernels::lower(&cx) {
-                Lowering::Launch(planned) => {
-                    let buffers = cx
-                        .sources
-                        .take()
-                        .into_iter()
-                        .map(|s| match s {
-                            Source::Operand(i) => operand_locs[i].buffer,
-                            Source::Output(k) => outputs[k].buffer,
-                            Source::Other => None,
-                        })
-                        .collect();
-                    st.steps.push(PendingStep::Launch {
+            let launches = match kernels::lower(&cx) {
+                Lowering::Launch(planned) => vec![(planned, cx.sources.take())],
+                Lowering::Alternatives(list) => list,
+                Lowering::NotYet(why) => {
+                    st.steps.push(PendingStep::Missing {
                         node: node.name.clone(),
                         op: node.op.name().to_string(),
-                        planned,
-                        buffers,
                         outputs,
+                        why,
                     });
+                    return Ok(());
                 }
-                Lowering::NotYet(why) => st.steps.push(PendingStep::Missing {
+            };
+            for (planned, sources) in launches {
+                let buffers = sources
+                    .into_iter()
+                    .map(|s| match s {
+                        Source::Operand(i) => operand_locs[i].buffer,
+                        Source::Output(k) => outputs[k].buffer,
+                        Source::Other => None,
+                    })
+                    .collect();
+                st.steps.push(PendingStep::Launch {
                     node: node.name.clone(),
                     op: node.op.name().to_string(),
-                    outputs,
-                    why,
-                }),
+                    planned,
+                    buffers,
+                    outputs: outputs.clone(),
+                });
             }
         }
     }

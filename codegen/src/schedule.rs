@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::expr::{Bindings, GridDim, Poly};
+use crate::expr::{Bindings, GridDim, Guard, Poly};
 use crate::layout::TensorRef;
 
 /// One kernel's source, shared by every launch of the same specialisation.
@@ -53,6 +53,9 @@ pub struct Launch {
     /// Dynamic shared memory the launch passes, in bytes (0: the kernel's is all static).
     #[serde(default)]
     pub dynamic_shared_bytes: u32,
+    /// For one of two alternative kernels of a node: the sizes it runs at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<Guard>,
     pub args: Vec<Arg>,
     /// Where the node's outputs land (for a copy: the part of the concat it fills).
     pub outputs: Vec<TensorRef>,
@@ -154,9 +157,14 @@ impl Phase {
                     } else {
                         ""
                     };
+                    let when = l
+                        .when
+                        .as_ref()
+                        .map(|g| format!(" [{g}]"))
+                        .unwrap_or_default();
                     let _ = writeln!(
                         out,
-                        "  {} {:?}: {}<<<{}, {}>>> smem={shared}{dynamic} {{{tiles}}}",
+                        "  {} {:?}: {}<<<{}, {}>>>{when} smem={shared}{dynamic} {{{tiles}}}",
                         l.op, l.node, l.kernel, l.grid, l.block
                     );
                     for a in &l.args {

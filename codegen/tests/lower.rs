@@ -221,3 +221,42 @@ fn every_kernel_fits_sm120s_shared_memory() {
         }
     }
 }
+
+/// A bf16 prefill GEMM has two kernels, the skinny one for a few rows and the tiled one for
+/// more, with complementary guards on the row count; a decode GEMM has one.
+#[test]
+fn prefill_gemms_pick_their_kernel_by_row_count() {
+    use glmc_codegen::expr::Bindings;
+    let (_, m) = common::module_with("tiny-sparse.ron", |c| c.dtype = glmc_ir::DType::BF16);
+    let l = lower_module(&m, Target::Sm120, LIMITS).unwrap();
+    let node = "model.layers.0.mlp.down_proj";
+    let prefill: Vec<_> = phase(&l, "prefill")
+        .launches()
+        .filter(|x| x.node == node)
+        .collect();
+    let kernels: Vec<&str> = prefill.iter().map(|x| x.kernel.as_str()).collect();
+    assert_eq!(prefill.len(), 2, "{kernels:?}");
+    for s in [1u64, 16, 17, 256] {
+        let b = Bindings::from([("s".to_string(), s)]);
+        let runs: Vec<&str> = prefill
+            .iter()
+            .filter(|x| x.when.as_ref().unwrap().holds(&b) == Some(true))
+            .map(|x| x.kernel.as_str())
+            .collect();
+        let want = if s <= 16 {
+            "glmc_gemm_skinny_"
+        } else {
+            "glmc_gemm_mma_"
+        };
+        assert!(
+            runs.len() == 1 && runs[0].starts_with(want),
+            "s={s}: {runs:?}"
+        );
+    }
+    let decode: Vec<_> = phase(&l, "decode")
+        .launches()
+        .filter(|x| x.node == node)
+        .collect();
+    assert!(decode.len() == 1 && decode[0].when.is_none());
+    assert!(decode[0].kernel.starts_with("glmc_gemm_skinny_"));
+}

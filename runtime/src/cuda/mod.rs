@@ -193,7 +193,8 @@ enum Value {
     F32(f32),
 }
 
-/// Launches `launch` on `gpu` with its arguments evaluated under `bindings`.
+/// Launches `launch` on `gpu` with its arguments evaluated under `bindings` (nothing, when it is
+/// an alternative for other sizes).
 pub fn launch(
     gpu: &Gpu,
     kernels: &mut Kernels,
@@ -206,6 +207,14 @@ pub fn launch(
         node: launch.node.clone(),
         why,
     };
+    if let Some(guard) = &launch.when {
+        let runs = guard
+            .holds(bindings)
+            .ok_or_else(|| fail(format!("\"{guard}\" is not bound")))?;
+        if !runs {
+            return Ok(());
+        }
+    }
     let mut values = Vec::with_capacity(launch.args.len());
     for a in &launch.args {
         values.push(match &a.value {
