@@ -64,7 +64,7 @@ __device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, flo
 }
 }  // namespace {{ name }}_
 
-extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
+extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks | default(value=1) }}) {{ name }}(
     {{ y_t }}* __restrict__ y, i64 y_row, i64 y_head,
     const {{ x_t }}* __restrict__ x, i64 x_outer, i64 x_row, i64 x_inner_rows, i64 x_head,
     const {{ w_t }}* __restrict__ w,
