@@ -87,6 +87,14 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
     if args.tp > 1 {
         bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N with the model");
     }
+    let p = &args.pipeline;
+    if p.dtype.is_some() || p.opt_level != 1 || !p.disable_pass.is_empty() || p.attention.is_some()
+    {
+        bail!(
+            "--dtype, -O, --disable-pass and --attention choose how a model is compiled, and {} is compiled already: pass them to glmc compile, or run the model",
+            dir.display()
+        );
+    }
     let path = dir.join("manifest.ron");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;

@@ -381,6 +381,11 @@ fn an_artifact_directory_is_refused_with_the_fix() {
             && err.contains("--device cuda"),
         "{err}"
     );
+    let err = run(&["--device", "cuda", "-O0"]);
+    assert!(
+        err.contains("is compiled already: pass them to glmc compile"),
+        "{err}"
+    );
     let err = run(&["--device", "cuda"]);
     assert!(
         err.contains("holds no weights: pass --weights DIR") && err.contains("--random-weights"),
