@@ -9,7 +9,7 @@
 # The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in $OUT
 # (harness.txt, sampling.txt, bandwidth.md, gemm.md, gemm_torch.md, log.txt) and are recorded in
 # tests/gpu/README.md.
-# The oracle's GPU test runs the `glmc` binary carried in .gpu/ on every fixture.
+# The oracle's and the traces' GPU tests run the `glmc` binary carried in .gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -18,13 +18,14 @@ build)
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
     cargo build --release --locked --bin glmc
     cp target/release/glmc .gpu/glmc
-    # The test binaries with GPU tests, by name: the kernel harness and the oracle.
-    cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle \
+    # The test binaries with GPU tests, by name: the kernel harness, the oracle and the
+    # cross-device traces.
+    cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle --test trace \
         --no-run --message-format=json |
         python3 -c 'import json, shutil, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_kernels", "oracle"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_kernels", "oracle", "trace"):
         shutil.copy(m["executable"], ".gpu/" + m["target"]["name"])'
     ls -la .gpu
     ;;
@@ -35,7 +36,7 @@ run)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     nvcc --version | tail -1
     status=0
-    for t in gpu_kernels oracle; do
+    for t in gpu_kernels oracle trace; do
         .gpu/$t --ignored --test-threads=1 --nocapture ${2:+"$2"} 2>&1 | tee -a "$GLMC_GPU_OUT/log.txt" || status=1
     done
     # torch.matmul on the GEMM shapes the harness timed

@@ -25,7 +25,8 @@ pub enum Command {
     ImportHf(ImportHfArgs),
     /// Run the model on the CPU reference interpreter: prefill a prompt, then decode token by token.
     Run(RunArgs),
-    /// Compare two `run --trace` files and print the first node where they part.
+    /// Compare two `run --trace` files and print the first node where they part: exit 0 when
+    /// they agree, 1 when they part, 2 on bad input.
     CompareTrace(CompareTraceArgs),
     /// Check an HF checkpoint against its config.json before serving it: the config as glmc reads
     /// it, the tensors, the attention path, and every inconsistency (exit 2 when it cannot run).
@@ -192,10 +193,12 @@ pub enum DeviceArg {
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// A model.ron (with --weights), or an HF checkpoint directory (config.json + safetensors).
+    /// A model.ron (with --weights), an HF checkpoint directory (config.json + safetensors), or
+    /// an artifact directory of `glmc compile -o DIR` (--device cuda, with --weights or
+    /// --random-weights).
     pub model: PathBuf,
     /// The checkpoint directory holding model.safetensors or model.safetensors.index.json
-    /// (default: MODEL when it is a directory).
+    /// (default: MODEL when it is a checkpoint directory).
     #[arg(long)]
     pub weights: Option<PathBuf>,
     /// Run on random weights made from SEED instead of a checkpoint (MODEL's own weights, if
@@ -231,9 +234,14 @@ pub struct RunArgs {
     /// (i64 [N]) to this safetensors file.
     #[arg(long, value_name = "FILE")]
     pub dump_logits: Option<PathBuf>,
-    /// Write the L2 norm and first values of every named intermediate, per layer and position.
+    /// Write the L2 norm and first values of every named intermediate, per layer and position
+    /// (on the GPU, each node is read back after its kernel: slow, for debugging).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Stop at the first node that produces NaN or an infinity and name it, with its layer and
+    /// the call (on the GPU, each node is read back after its kernel: slow, for debugging).
+    #[arg(long)]
+    pub check_finite: bool,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }

@@ -1,7 +1,8 @@
 //! The `glmc` command line.
 //!
 //! Exit codes: 0 on success, 2 on any failure (bad input, a missing file, an unknown target);
-//! errors go to stderr, one paragraph each, naming the file or field and the fix.
+//! errors go to stderr, one paragraph each, naming the file or field and the fix. Like `cmp`,
+//! `compare-trace` exits 1 when the traces part.
 
 mod checkpoint;
 mod cli;
@@ -35,7 +36,7 @@ fn main() -> ExitCode {
         }
     };
     match std::panic::catch_unwind(|| run(cli)) {
-        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Ok(code)) => code,
         Ok(Err(e)) => {
             eprintln!("error: {}", report(&e));
             ExitCode::from(2)
@@ -47,15 +48,16 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Compile(args) => compile::run(&args),
         Command::Dump(args) => dump::run(&args),
         Command::ImportHf(args) => model_source::import_hf(&args),
         Command::Run(args) => run::run(&args),
-        Command::CompareTrace(args) => compare_trace::run(&args),
+        Command::CompareTrace(args) => return compare_trace::run(&args),
         Command::Inspect(args) => inspect::run(&args),
     }
+    .map(|()| ExitCode::SUCCESS)
 }
 
 /// The error and its causes, `: `-separated like `{e:#}`, but a cause whose text already ends the

@@ -1,25 +1,33 @@
 //! `glmc run`: prefill a prompt, then decode one token at a time through the `decode` graph and
-//! the caches, on the CPU reference interpreter, each next token taken from the graph's
-//! `next_token` (greedy at temperature 0). With `--tp N` the N ranks' graphs run together,
-//! their collectives simulated between threads; `--trace` records rank 0, whose whole values
-//! (after each collective) carry the single-device names.
+//! the caches, on the CPU reference interpreter or on the GPU, each next token taken from the
+//! graph's `next_token` (greedy at temperature 0). With `--tp N` the N ranks' graphs run
+//! together, their collectives simulated between threads; `--trace` records rank 0, whose whole
+//! values (after each collective) carry the single-device names. On the GPU, `run` compiles the
+//! model for the GPU present (nvcc's output cached by content hash, so a second run does not call
+//! it), or runs an artifact directory of `glmc compile` as it is.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use glmc_codegen::artifact::Manifest;
+use glmc_codegen::artifact::{Manifest, MANIFEST_VERSION};
 use glmc_codegen::{lower_module, nvcc, render, Limits, Target};
 use glmc_models::builder::{BuildOptions, LogitRows};
+use glmc_models::ModelConfig;
 use glmc_passes::AttentionChoice;
 use glmc_runtime::cuda::{random_fill, CudaExecutor, Gpu};
-use glmc_runtime::trace::TraceWriter;
-use glmc_runtime::{generate, Checkpoint, Generator, RandomWeights, Sampling, WeightSource};
+use glmc_runtime::trace::{check_finite, Fault, TraceWriter};
+use glmc_runtime::{
+    generate, Checkpoint, Generator, InterpExecutor, RandomWeights, Sampling, WeightSource,
+};
 use tokenizers::Tokenizer;
 
 use crate::cli::{DeviceArg, RunArgs};
 use crate::compile::{build, Built};
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    if args.model.join("manifest.ron").is_file() {
+        return run_artifact(args);
+    }
     // Every position's logits only when they are written out; generation needs the last.
     let logits = match args.dump_logits {
         Some(_) => LogitRows::All,
@@ -41,71 +49,208 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             (Weights::Checkpoint(checkpoint), Some(dir))
         }
     };
-
-    let tokenizer = match (&args.prompt, &dir) {
-        (Some(_), Some(dir)) => Some(load_tokenizer(dir)?),
-        (Some(_), None) => bail!(
-            "--prompt TEXT needs the tokenizer.json of a checkpoint directory, and {} is a model.ron: give token ids with --prompt-ids",
-            args.model.display()
-        ),
-        (None, _) => None,
-    };
-    let prompt: Vec<u64> = match (&args.prompt, &tokenizer) {
-        (Some(text), Some(tok)) => {
-            let enc = tok
-                .encode(text.as_str(), true)
-                .map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
-            enc.get_ids().iter().map(|&i| i as u64).collect()
-        }
-        _ => args.prompt_ids.clone(),
-    };
+    let (tokenizer, prompt) = prompt(args, dir.as_deref())?;
     warn_if_dense_changes_outputs(&built, prompt.len() + args.max_new_tokens);
+    let eos = eos_ids(&built.config, dir.as_deref())?;
+    let ranks = glmc_passes::partition(&built.module, args.tp)?;
+    let fault = Fault::from_env();
+    let mut generator = match args.device {
+        DeviceArg::Cpu => {
+            let exec = InterpExecutor::tensor_parallel(&ranks, weights.source()).with_fault(fault);
+            Generator::with_executor(Box::new(exec))?
+        }
+        DeviceArg::Cuda => {
+            if args.tp > 1 {
+                bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N");
+            }
+            let context = prompt.len() + args.max_new_tokens + 1;
+            let mut exec = cuda_executor(&built, &weights, prompt.len(), context, args)?;
+            if observes(args) {
+                exec.observe(&built.module)?;
+            }
+            Generator::with_executor(Box::new(exec.with_fault(fault)))?
+        }
+    };
+    generate_and_print(args, &mut generator, &prompt, &eos, tokenizer.as_ref())
+}
 
+/// `glmc run DIR` of an artifact `glmc compile -o DIR` wrote: its manifest, cubin and IR, with
+/// the weights of --weights or --random-weights (an artifact holds none).
+fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
+    let dir = &args.model;
+    if args.device != DeviceArg::Cuda {
+        bail!(
+            "{} is an artifact directory, which runs on the GPU it was compiled for: pass --device cuda, or give the model (its model.ron or checkpoint directory) to run on the CPU",
+            dir.display()
+        );
+    }
+    if args.tp > 1 {
+        bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N with the model");
+    }
+    let p = &args.pipeline;
+    if p.dtype.is_some() || p.opt_level != 1 || !p.disable_pass.is_empty() || p.attention.is_some()
+    {
+        bail!(
+            "--dtype, -O, --disable-pass and --attention choose how a model is compiled, and {} is compiled already: pass them to glmc compile, or run the model",
+            dir.display()
+        );
+    }
+    let path = dir.join("manifest.ron");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let manifest: Manifest<ModelConfig> = ron::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a manifest this glmc reads ({e}): recompile the artifact with glmc compile",
+            path.display()
+        )
+    })?;
+    if manifest.version != MANIFEST_VERSION {
+        bail!(
+            "{}: manifest version {}, this glmc reads version {MANIFEST_VERSION}: recompile the artifact with this glmc",
+            path.display(),
+            manifest.version
+        );
+    }
+    let weights = match (args.random_weights, &args.weights) {
+        (Some(seed), _) => Weights::Random(RandomWeights::new(seed, manifest.config.dtype)),
+        (None, Some(w)) => Weights::Checkpoint(Checkpoint::open(w)?),
+        (None, None) => bail!(
+            "{} is an artifact directory, which holds no weights: pass --weights DIR (the checkpoint of {}, with model.safetensors or model.safetensors.index.json) or --random-weights SEED",
+            dir.display(),
+            manifest.model
+        ),
+    };
+    let Some(cubin_name) = &manifest.cubin else {
+        bail!(
+            "{}: the artifact has kernels.cu but no cubin (it was compiled without a CUDA compiler): recompile it with --nvcc PATH or GLMC_NVCC set",
+            path.display()
+        );
+    };
+    let cubin_path = dir.join(cubin_name);
+    let cubin = std::fs::read(&cubin_path).with_context(|| {
+        format!(
+            "reading {} (manifest.ron's cubin): recompile the artifact",
+            cubin_path.display()
+        )
+    })?;
+    let (tokenizer, prompt) = prompt(args, args.weights.as_deref())?;
+    let limits = &manifest.limits;
+    if prompt.len() as u64 > limits.max_prefill_tokens {
+        bail!(
+            "the prompt has {} tokens, the artifact was compiled for prefills of at most {}: recompile with a larger --max-prefill-tokens",
+            prompt.len(),
+            limits.max_prefill_tokens
+        );
+    }
+    let context = (prompt.len() + args.max_new_tokens + 1) as u64;
+    if context > limits.max_context {
+        bail!(
+            "the prompt and --max-new-tokens reach {context} tokens, the artifact was compiled for {} tokens of context: recompile with a larger --max-context, or generate fewer tokens",
+            limits.max_context
+        );
+    }
+    let eos = eos_ids(&manifest.config, args.weights.as_deref())?;
+    let mut exec = match &weights {
+        Weights::Checkpoint(c) => CudaExecutor::load(&manifest, &cubin, c)?,
+        Weights::Random(r) => {
+            let target: Target = manifest.target.parse()?;
+            match nvcc::find(args.nvcc.as_deref())? {
+                Some(compiler) => {
+                    let cache = nvcc::default_cache_dir();
+                    let generator =
+                        nvcc::compile(&compiler, random_fill::SOURCE, target, cache.as_deref())?;
+                    CudaExecutor::load_random(&manifest, &cubin, r, &generator.cubin)?
+                }
+                // Without a compiler for the generator kernel the same weights are made on
+                // the host: slower, identical.
+                None => CudaExecutor::load(&manifest, &cubin, r)?,
+            }
+        }
+    };
+    if observes(args) {
+        let ir = dir.join("ir/module.txt");
+        let text = std::fs::read_to_string(&ir).with_context(|| {
+            format!(
+                "reading {}, which --trace and --check-finite name the GPU's nodes by: recompile the artifact",
+                ir.display()
+            )
+        })?;
+        let module = glmc_ir::parse_module(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}: recompile the artifact", ir.display()))?;
+        exec.observe(&module)?;
+    }
+    let mut generator = Generator::with_executor(Box::new(exec.with_fault(Fault::from_env())))?;
+    generate_and_print(args, &mut generator, &prompt, &eos, tokenizer.as_ref())
+}
+
+/// Whether the run shows every node to its hook.
+fn observes(args: &RunArgs) -> bool {
+    args.trace.is_some() || args.check_finite
+}
+
+/// The tokenizer, when the prompt is text, and the prompt's token ids.
+fn prompt(args: &RunArgs, dir: Option<&Path>) -> anyhow::Result<(Option<Tokenizer>, Vec<u64>)> {
+    let Some(text) = &args.prompt else {
+        return Ok((None, args.prompt_ids.clone()));
+    };
+    let Some(dir) = dir else {
+        bail!(
+            "--prompt TEXT needs the tokenizer.json of a checkpoint directory, and {} is not one: give token ids with --prompt-ids, or the checkpoint with --weights",
+            args.model.display()
+        );
+    };
+    let tok = load_tokenizer(dir)?;
+    let enc = tok
+        .encode(text.as_str(), true)
+        .map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
+    let ids = enc.get_ids().iter().map(|&i| i as u64).collect();
+    Ok((Some(tok), ids))
+}
+
+/// Prefills the prompt, generates, and writes what `args` asks for: the trace (also when a
+/// node stops the run, so it shows what led there), the logits and the output.
+fn generate_and_print(
+    args: &RunArgs,
+    generator: &mut Generator,
+    prompt: &[u64],
+    eos: &[u64],
+    tokenizer: Option<&Tokenizer>,
+) -> anyhow::Result<()> {
     let sampling = Sampling {
         temperature: args.temperature,
         top_p: args.top_p,
         seed: args.seed,
     };
     sampling.validate()?;
-    let eos = eos_ids(&built, dir.as_deref())?;
-    let ranks = glmc_passes::partition(&built.module, args.tp)?;
-    let mut generator = match args.device {
-        DeviceArg::Cpu => Generator::tensor_parallel(&ranks, weights.source())?,
-        DeviceArg::Cuda => {
-            if args.tp > 1 {
-                bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N");
-            }
-            if args.trace.is_some() {
-                bail!("--trace records nodes on the CPU only for now: run it with --device cpu");
-            }
-            let context = prompt.len() + args.max_new_tokens + 1;
-            let exec = cuda_executor(&built, &weights, prompt.len(), context, args)?;
-            Generator::with_executor(Box::new(exec))?
-        }
-    };
     let mut trace = args.trace.as_deref().map(TraceWriter::create).transpose()?;
+    let check = args.check_finite;
     let mut hook = |call, node: &glmc_ir::Node, outputs: &[&glmc_runtime::Tensor]| {
         if let Some(t) = trace.as_mut() {
             t.record(call, node, outputs);
         }
+        if check {
+            check_finite(call, node, outputs)?;
+        }
+        Ok(())
     };
     let generation = generate(
-        &mut generator,
-        &prompt,
+        generator,
+        prompt,
         args.max_new_tokens,
         &sampling,
-        &eos,
+        eos,
         &mut hook,
-    )?;
+    );
     if let Some(t) = trace {
         t.finish()?;
     }
+    let generation = generation?;
     if let Some(path) = &args.dump_logits {
         generation
             .write_safetensors(path)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    match &tokenizer {
+    match tokenizer {
         Some(tok) => {
             let ids: Vec<u32> = generation.generated.iter().map(|&i| i as u32).collect();
             let text = tok
@@ -216,8 +361,8 @@ fn load_tokenizer(dir: &Path) -> anyhow::Result<Tokenizer> {
 }
 
 /// The config's EOS ids plus those of generation_config.json, when the checkpoint has one.
-fn eos_ids(built: &Built, dir: Option<&Path>) -> anyhow::Result<Vec<u64>> {
-    let mut eos = built.config.eos_token_ids.clone();
+fn eos_ids(config: &ModelConfig, dir: Option<&Path>) -> anyhow::Result<Vec<u64>> {
+    let mut eos = config.eos_token_ids.clone();
     let Some(path) = dir.map(|d| d.join("generation_config.json")) else {
         return Ok(eos);
     };

@@ -327,3 +327,122 @@ fn bad_random_weights_arguments_exit_2_naming_the_flag() {
         "{err}"
     );
 }
+
+/// `glmc compile` of the sparse fixture into `dir/artifact` with no CUDA compiler in reach, so
+/// the artifact has kernels.cu but no cubin.
+fn artifact_without_cubin(dir: &Path) -> PathBuf {
+    let out = dir.join("artifact");
+    let status = Command::new(env!("CARGO_BIN_EXE_glmc"))
+        .args([
+            "compile",
+            fixture().to_str().unwrap(),
+            "--target",
+            "sm90a",
+            "--max-prefill-tokens",
+            "4",
+            "--max-batch",
+            "1",
+            "--max-context",
+            "16",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .env_remove("GLMC_NVCC")
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("glmc runs");
+    stdout(&status);
+    out
+}
+
+/// `run ARTIFACT_DIR`: it runs on the GPU only, needs weights and a cubin, and fits the sizes
+/// it was compiled for; each refusal exits 2 with the fix, before any GPU is touched.
+#[test]
+fn an_artifact_directory_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = artifact_without_cubin(dir.path());
+    let weights = fixture();
+    let run_for = |new_tokens: &str, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            artifact.to_str().unwrap(),
+            "--prompt-ids",
+            "3,17",
+            "--max-new-tokens",
+            new_tokens,
+        ];
+        args.extend_from_slice(extra);
+        failure(&glmc(&args))
+    };
+    let run = |extra: &[&str]| run_for("2", extra);
+    let err = run(&["--weights", weights.to_str().unwrap()]);
+    assert!(
+        err.contains("is an artifact directory, which runs on the GPU")
+            && err.contains("--device cuda"),
+        "{err}"
+    );
+    let err = run(&["--device", "cuda", "-O0"]);
+    assert!(
+        err.contains("is compiled already: pass them to glmc compile"),
+        "{err}"
+    );
+    let err = run(&["--device", "cuda"]);
+    assert!(
+        err.contains("holds no weights: pass --weights DIR") && err.contains("--random-weights"),
+        "{err}"
+    );
+    let cuda_with_weights = ["--device", "cuda", "--weights", weights.to_str().unwrap()];
+    let err = run(&cuda_with_weights);
+    assert!(
+        err.contains("manifest.ron: the artifact has kernels.cu but no cubin")
+            && err.contains("--nvcc"),
+        "{err}"
+    );
+
+    // A stand-in cubin: every later check comes before the GPU.
+    let manifest = artifact.join("manifest.ron");
+    let text = fs::read_to_string(&manifest).unwrap();
+    assert!(text.contains("cubin: None"), "{text}");
+    fs::write(
+        &manifest,
+        text.replace("cubin: None", "cubin: Some(\"kernels.sm90a.cubin\")"),
+    )
+    .unwrap();
+    fs::write(artifact.join("kernels.sm90a.cubin"), b"not a cubin").unwrap();
+    let err = failure(&glmc(
+        &[
+            &[
+                "run",
+                artifact.to_str().unwrap(),
+                "--prompt-ids",
+                "3,17,4,5,6",
+            ][..],
+            &cuda_with_weights,
+        ]
+        .concat(),
+    ));
+    assert!(
+        err.contains("the prompt has 5 tokens, the artifact was compiled for prefills of at most 4: recompile with a larger --max-prefill-tokens"),
+        "{err}"
+    );
+    let err = run_for("20", &cuda_with_weights);
+    assert!(
+        err.contains("reach 23 tokens, the artifact was compiled for 16 tokens of context"),
+        "{err}"
+    );
+    if Path::new("/dev/nvidiactl").exists() {
+        return; // a GPU machine: the GPU tests run artifacts there
+    }
+    let err = run(&cuda_with_weights);
+    assert!(
+        err.contains("no NVIDIA driver") && err.contains("--device cpu"),
+        "{err}"
+    );
+
+    fs::write(&manifest, "(version: 2").unwrap();
+    let err = run(&cuda_with_weights);
+    assert!(
+        err.contains("manifest.ron: not a manifest this glmc reads") && err.contains("recompile"),
+        "{err}"
+    );
+}

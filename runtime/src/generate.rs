@@ -5,9 +5,10 @@
 use glmc_ir::{Function, Module};
 
 use crate::collective::Communicator;
-use crate::interp::{InterpError, Interpreter, SequenceCache, TraceFn, WeightSource};
+use crate::interp::{InterpError, Interpreter, SequenceCache, WeightSource};
 use crate::sampling::{Sampling, SamplingError};
 use crate::tensor::Tensor;
+use crate::trace::{Fault, NonFinite};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
@@ -30,6 +31,8 @@ pub enum GenerateError {
     Cuda(#[from] crate::cuda::CudaError),
     #[error(transparent)]
     OutOfMemory(#[from] crate::cuda::OutOfMemory),
+    #[error(transparent)]
+    NonFinite(#[from] NonFinite),
     #[error("`{function}` returned {result} of {got}, expected {expected}")]
     BadResult {
         function: &'static str,
@@ -47,6 +50,11 @@ pub enum Call {
     /// A decode step of the token at `position`.
     Decode { position: usize },
 }
+
+/// The per-node hook of a run (`--trace`, `--check-finite`): called after each node with its
+/// outputs by executors that observe nodes. An error stops the run and is returned by it.
+pub type NodeHook<'a> =
+    dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]) -> Result<(), GenerateError> + 'a;
 
 /// What one call of `prefill` or `decode` returned.
 #[derive(Clone, Debug, PartialEq)]
@@ -113,7 +121,7 @@ pub trait Executor {
         phase: PhaseKind,
         inputs: &[Tensor],
         call: Call,
-        trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+        trace: &mut NodeHook<'_>,
     ) -> Result<Vec<Tensor>, GenerateError>;
 }
 
@@ -131,6 +139,7 @@ struct Rank<'a> {
 pub struct InterpExecutor<'a> {
     ranks: Vec<Rank<'a>>,
     weights: &'a (dyn WeightSource + Sync),
+    fault: Option<Fault>,
 }
 
 impl<'a> InterpExecutor<'a> {
@@ -158,7 +167,17 @@ impl<'a> InterpExecutor<'a> {
                 cache: SequenceCache::new(),
             })
             .collect();
-        InterpExecutor { ranks, weights }
+        InterpExecutor {
+            ranks,
+            weights,
+            fault: None,
+        }
+    }
+
+    /// Breaks rank 0's node of `fault` (a test hook, see [`Fault`]).
+    pub fn with_fault(mut self, fault: Option<Fault>) -> InterpExecutor<'a> {
+        self.fault = fault;
+        self
     }
 
     fn function(&self, phase: PhaseKind) -> Result<&'a Function, GenerateError> {
@@ -191,7 +210,7 @@ impl Executor for InterpExecutor<'_> {
         phase: PhaseKind,
         inputs: &[Tensor],
         call: Call,
-        trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+        trace: &mut NodeHook<'_>,
     ) -> Result<Vec<Tensor>, GenerateError> {
         for rank in &self.ranks {
             rank.module
@@ -199,7 +218,9 @@ impl Executor for InterpExecutor<'_> {
                 .ok_or(GenerateError::MissingFunction(phase.name()))?;
         }
         let weights = self.weights;
+        let fault = self.fault.as_ref();
         let (first, others) = self.ranks.split_first_mut().expect("at least one rank");
+        let mut stopped = None;
         let results: Vec<Result<Vec<Tensor>, InterpError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = others
                 .iter_mut()
@@ -211,14 +232,31 @@ impl Executor for InterpExecutor<'_> {
                     })
                 })
                 .collect();
-            let mut hook = |node: &glmc_ir::Node, outputs: &[&Tensor]| trace(call, node, outputs);
-            let hook: &mut TraceFn = &mut hook;
+            // The interpreter finishes the call after a hook's error; later nodes are not shown
+            // to the hook, and the error is returned in place of the results.
+            let mut patch = |node: &glmc_ir::Node, _: &[&Tensor], outputs: &[&Tensor]| {
+                let broken: Option<Vec<Tensor>> = fault
+                    .filter(|f| f.node == node.name)
+                    .map(|f| outputs.iter().map(|t| f.apply(t)).collect());
+                if stopped.is_none() {
+                    let seen: Vec<&Tensor> = match &broken {
+                        Some(b) => b.iter().collect(),
+                        None => outputs.to_vec(),
+                    };
+                    stopped = trace(call, node, &seen).err();
+                }
+                broken
+            };
             let f = first.module.function(phase.name()).expect("checked above");
             let caches = &mut [&mut first.cache];
-            let mut results =
-                vec![first
-                    .interp
-                    .run_traced(first.module, f, weights, caches, inputs, hook)];
+            let mut results = vec![first.interp.run_patched(
+                first.module,
+                f,
+                weights,
+                caches,
+                inputs,
+                &mut patch,
+            )];
             results.extend(
                 handles
                     .into_iter()
@@ -226,6 +264,9 @@ impl Executor for InterpExecutor<'_> {
             );
             results
         });
+        if let Some(e) = stopped {
+            return Err(e);
+        }
         // Report the rank that failed on its own, not one that its failure aborted.
         let mut errors = Vec::new();
         let mut outputs = Vec::new();
@@ -344,7 +385,7 @@ impl<'a> Generator<'a> {
         &mut self,
         ids: &[u64],
         sampling: &Sampling,
-        trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+        trace: &mut NodeHook<'_>,
     ) -> Result<Step, GenerateError> {
         if ids.is_empty() {
             return Err(GenerateError::EmptyPrompt);
@@ -364,7 +405,7 @@ impl<'a> Generator<'a> {
         &mut self,
         id: u64,
         sampling: &Sampling,
-        trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+        trace: &mut NodeHook<'_>,
     ) -> Result<Step, GenerateError> {
         self.check_ids(&[id])?;
         let position = self.len;
@@ -380,7 +421,7 @@ impl<'a> Generator<'a> {
         start: usize,
         sampling: &Sampling,
         call: Call,
-        trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+        trace: &mut NodeHook<'_>,
     ) -> Result<Vec<Tensor>, GenerateError> {
         let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
         let positions: Vec<i64> = (start..start + ids.len()).map(|p| p as i64).collect();
@@ -450,7 +491,7 @@ pub fn generate(
     max_new: usize,
     sampling: &Sampling,
     eos: &[u64],
-    trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+    trace: &mut NodeHook<'_>,
 ) -> Result<Generation, GenerateError> {
     sampling.validate()?;
     let first = gen.prefill(prompt, sampling, trace)?;

@@ -18,7 +18,7 @@ pub mod generate;
 pub mod sampling;
 pub use generate::{
     generate, phase_inputs, Call, Executor, GenerateError, Generation, Generator, InterpExecutor,
-    PhaseKind, Step,
+    NodeHook, PhaseKind, Step,
 };
 pub use sampling::{Sampling, SamplingError};
 pub mod cuda;

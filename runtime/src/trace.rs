@@ -18,6 +18,122 @@ use serde::{Deserialize, Serialize};
 use crate::generate::Call;
 use crate::tensor::{Data, Tensor};
 
+/// Ops whose integer output is a top-k decision (which keys or experts a row selects): a
+/// divergence there changes what later nodes read, not only how much.
+const TOPK_OPS: [&str; 2] = ["dsa.topk", "moe.route"];
+
+/// The label of a call in traces and messages: `prefill@0`, `decode@7`.
+pub fn call_label(call: Call) -> String {
+    match call {
+        Call::Prefill { start, .. } => format!("prefill@{start}"),
+        Call::Decode { position } => format!("decode@{position}"),
+    }
+}
+
+/// The decoder layer a node belongs to, from its HF module name (`model.layers.3.…`).
+pub fn layer_of(node: &str) -> Option<u64> {
+    let mut parts = node.split('.');
+    while let Some(p) = parts.next() {
+        if p == "layers" {
+            return parts.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+fn layer_text(node: &str) -> String {
+    layer_of(node).map_or("outside the decoder layers".to_string(), |l| {
+        format!("in layer {l}")
+    })
+}
+
+/// The first node of a `--check-finite` run whose output holds NaN or an infinity.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--check-finite: node \"{node}\" ({op}, {layer}) produced {count} non-finite value(s) in output {output} (shape {shape:?}) during {call}; the nodes before it were finite: compare a --trace of this run with one on the other device (glmc compare-trace) to see where the values first grow",
+    layer = layer_text(node)
+)]
+pub struct NonFinite {
+    pub call: String,
+    pub node: String,
+    pub op: String,
+    pub output: usize,
+    pub shape: Vec<usize>,
+    pub count: usize,
+}
+
+/// Checks `node`'s outputs for NaN and infinities. `dsa.score` masks the keys after a query's
+/// position with −inf by design, so −inf is allowed there (NaN and +inf are not).
+pub fn check_finite(call: Call, node: &Node, outputs: &[&Tensor]) -> Result<(), NonFinite> {
+    let masks = matches!(node.op, Op::DsaScore { .. });
+    for (output, t) in outputs.iter().enumerate() {
+        let Data::F32(values) = t.data() else {
+            continue;
+        };
+        let count = values
+            .iter()
+            .filter(|x| !(x.is_finite() || masks && **x == f32::NEG_INFINITY))
+            .count();
+        if count > 0 {
+            return Err(NonFinite {
+                call: call_label(call),
+                node: node.name.clone(),
+                op: node.op.name().to_string(),
+                output,
+                shape: t.shape().to_vec(),
+                count,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A deliberately broken node: a test hook for the negative controls of `glmc compare-trace`
+/// and `--check-finite`, which must name the node a broken kernel computes. Set
+/// `GLMC_TEST_BREAK_NODE=NODE` to have the executor replace every float output value `x` of IR
+/// node `NODE` by `2x + 1` right after the node runs (later nodes read the broken values), or
+/// `GLMC_TEST_BREAK_NODE=NODE=nan` to make its first value NaN. Never set in normal use.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fault {
+    pub node: String,
+    pub nan: bool,
+}
+
+impl Fault {
+    pub const ENV: &'static str = "GLMC_TEST_BREAK_NODE";
+
+    /// The fault `GLMC_TEST_BREAK_NODE` asks for, if any.
+    pub fn from_env() -> Option<Fault> {
+        let value = std::env::var(Fault::ENV).ok()?;
+        Some(match value.strip_suffix("=nan") {
+            Some(node) => Fault {
+                node: node.to_string(),
+                nan: true,
+            },
+            None => Fault {
+                node: value,
+                nan: false,
+            },
+        })
+    }
+
+    /// `x`, broken: integer tensors are left as they are.
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let Data::F32(values) = x.data() else {
+            return x.clone();
+        };
+        let mut broken: Vec<f32> = if self.nan {
+            values.clone()
+        } else {
+            values.iter().map(|v| 2.0 * v + 1.0).collect()
+        };
+        if let (true, Some(first)) = (self.nan, broken.first_mut()) {
+            *first = f32::NAN;
+        }
+        Tensor::f32(x.shape().to_vec(), broken).expect("the shape is unchanged")
+    }
+}
+
 /// Values kept per record.
 const FIRST_VALUES: usize = 4;
 
@@ -166,9 +282,10 @@ impl TraceWriter {
 }
 
 fn entries(call: Call, node: &Node, outputs: &[&Tensor]) -> Vec<TraceEntry> {
-    let (label, start, rows) = match call {
-        Call::Prefill { start, len } => (format!("prefill@{start}"), start, len),
-        Call::Decode { position } => (format!("decode@{position}"), position, 1),
+    let label = call_label(call);
+    let (start, rows) = match call {
+        Call::Prefill { start, len } => (start, len),
+        Call::Decode { position } => (position, 1),
     };
     let mut out = Vec::new();
     for (output, t) in outputs.iter().enumerate() {
@@ -239,13 +356,25 @@ pub struct Divergence {
     pub relative: f64,
 }
 
+impl Divergence {
+    /// Whether the entries are a top-k decision (selected key or expert indices).
+    pub fn is_topk(&self) -> bool {
+        self.a.integer && TOPK_OPS.contains(&self.a.op.as_str())
+    }
+}
+
 /// The result of comparing two traces.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Comparison {
+    /// Entries found in both traces, and the distinct nodes they belong to.
     pub compared: usize,
-    /// Entries of `a` with no counterpart in `b` (e.g. nodes a pass removed).
+    pub nodes: usize,
+    /// Entries of `a` with no counterpart in `b` (e.g. nodes a pass removed, or views the GPU
+    /// never materialises).
     pub only_in_a: usize,
     pub first_divergence: Option<Divergence>,
+    /// The first top-k decision that differs, wherever it is.
+    pub first_topk_divergence: Option<Divergence>,
 }
 
 pub fn compare(a: &[TraceEntry], b: &[TraceEntry], rtol: f64) -> Comparison {
@@ -253,27 +382,36 @@ pub fn compare(a: &[TraceEntry], b: &[TraceEntry], rtol: f64) -> Comparison {
     let index: HashMap<_, &TraceEntry> = b.iter().map(|e| (key(e), e)).collect();
     let mut comparison = Comparison {
         compared: 0,
+        nodes: 0,
         only_in_a: 0,
         first_divergence: None,
+        first_topk_divergence: None,
     };
+    let mut nodes = std::collections::HashSet::new();
     for ea in a {
         let Some(eb) = index.get(&key(ea)) else {
             comparison.only_in_a += 1;
             continue;
         };
         comparison.compared += 1;
-        if comparison.first_divergence.is_some() {
+        nodes.insert(ea.node.as_str());
+        if comparison.first_divergence.is_some() && comparison.first_topk_divergence.is_some() {
             continue;
         }
         let relative = difference(ea, eb);
         if relative > rtol || ea.shape != eb.shape {
-            comparison.first_divergence = Some(Divergence {
+            let d = Divergence {
                 a: ea.clone(),
                 b: (*eb).clone(),
                 relative,
-            });
+            };
+            if d.is_topk() && comparison.first_topk_divergence.is_none() {
+                comparison.first_topk_divergence = Some(d.clone());
+            }
+            comparison.first_divergence.get_or_insert(d);
         }
     }
+    comparison.nodes = nodes.len();
     comparison
 }
 

@@ -6,22 +6,32 @@
 //! inputs, runs the phase's launches in order and reads back its results. Before any of that the
 //! bytes the manifest needs are compared with the GPU's free memory, so a model that cannot fit
 //! fails in a second with the numbers, not with an allocation error after minutes of loading.
+//!
+//! Given the IR the artifact was lowered from ([`CudaExecutor::observe`]), it also shows every
+//! node's outputs to the run's hook, as the interpreter does (`--trace`, `--check-finite`): after
+//! the step that completes a node (its launch, or for a view or a folded concat the step that
+//! names its location) it synchronises and reads the node's values back from where the schedule
+//! put them, so a GPU trace lines up with a CPU trace by IR node name.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use glmc_codegen::artifact::{Manifest, WeightEntry};
 use glmc_codegen::expr::Bindings;
+use glmc_codegen::expr::Poly;
 use glmc_codegen::layout::{Buf, TensorRef};
-use glmc_codegen::schedule::Phase;
+use glmc_codegen::schedule::{Phase, Step};
 use glmc_codegen::Target;
+use glmc_ir::{Module, Node, Op};
 
 use super::{driver, launch, random_fill, CudaError, Gpu, Kernels, Memory};
 use crate::against_config::human_bytes;
-use crate::generate::{Call, Executor, GenerateError, PhaseKind};
+use crate::generate::{Call, Executor, GenerateError, NodeHook, PhaseKind};
 use crate::interp::WeightSource;
 use crate::random_weights::RandomWeights;
 use crate::tensor::Tensor;
+use crate::trace::Fault;
 
 /// What an artifact allocates on the GPU, from its manifest alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +109,12 @@ enum Weights<'a> {
     },
 }
 
+/// The IR nodes of the two phases, by name.
+struct PhaseNodes {
+    prefill: HashMap<String, Node>,
+    decode: HashMap<String, Node>,
+}
+
 /// A loaded artifact on one GPU.
 pub struct CudaExecutor {
     gpu: Gpu,
@@ -109,6 +125,9 @@ pub struct CudaExecutor {
     vocab: Option<usize>,
     max: glmc_codegen::Limits,
     memory: Memory,
+    /// The IR nodes of each phase by name, when the run observes nodes.
+    nodes: Option<PhaseNodes>,
+    fault: Option<Fault>,
     // The allocations `memory` points into: they live as long as the executor.
     _arena: CudaSlice<u8>,
     _weights: Vec<CudaSlice<u8>>,
@@ -237,10 +256,131 @@ impl CudaExecutor {
             vocab,
             max: manifest.limits,
             memory,
+            nodes: None,
+            fault: None,
             _arena: arena,
             _weights: held,
             _states: states,
         })
+    }
+
+    /// Shows every node of `module` (the IR the artifact was lowered from) to the run's hook
+    /// after it runs. Each step then waits for the GPU and reads its node's values back: a
+    /// debugging mode, far slower than a plain run.
+    pub fn observe(&mut self, module: &Module) -> Result<(), CudaError> {
+        let nodes = |kind: PhaseKind| {
+            let f = module.function(kind.name()).ok_or_else(|| {
+                artifact_error(format!(
+                    "the IR has no `{}` function to name the artifact's nodes",
+                    kind.name()
+                ))
+            })?;
+            Ok::<_, CudaError>(
+                f.canonical_order()
+                    .into_iter()
+                    .map(|n| f.node(n))
+                    .filter(|n| !matches!(n.op, Op::Weight { .. } | Op::Input { .. }))
+                    .map(|n| (n.name.clone(), n.clone()))
+                    .collect(),
+            )
+        };
+        self.nodes = Some(PhaseNodes {
+            prefill: nodes(PhaseKind::Prefill)?,
+            decode: nodes(PhaseKind::Decode)?,
+        });
+        Ok(())
+    }
+
+    /// Breaks the node of `fault` after each of its launches (a test hook, see [`Fault`]).
+    pub fn with_fault(mut self, fault: Option<Fault>) -> CudaExecutor {
+        self.fault = fault;
+        self
+    }
+
+    /// Overwrites the elements at `at` with `t`'s values.
+    fn write(&self, at: &TensorRef, bindings: &Bindings, t: &Tensor) -> Result<(), CudaError> {
+        let offsets = at
+            .element_offsets(bindings)
+            .ok_or_else(|| artifact_error(format!("{at} is not bound by {bindings:?}")))?;
+        let Some(lo) = offsets.iter().min().copied() else {
+            return Ok(());
+        };
+        let size = at.dtype.size_bytes();
+        let hi = offsets.iter().max().map_or(lo, |&o| o + size);
+        let base = self
+            .memory
+            .base(&at.buf)
+            .ok_or_else(|| artifact_error(format!("no memory for {}", at.buf)))?;
+        let mut bytes = self.gpu.read_bytes(base + lo, (hi - lo) as usize)?;
+        let values = t
+            .to_bytes(at.dtype)
+            .map_err(|e| artifact_error(e.to_string()))?;
+        let size = size as usize;
+        for (k, &o) in offsets.iter().enumerate() {
+            let o = (o - lo) as usize;
+            bytes[o..o + size].copy_from_slice(&values[k * size..(k + 1) * size]);
+        }
+        self.gpu.write_bytes(base + lo, &bytes)
+    }
+
+    /// After step `step` of a call: breaks the node it completes when the fault names it, and
+    /// shows the node's outputs to `hook` when the run observes nodes.
+    fn after_step(
+        &self,
+        kind: PhaseKind,
+        step: &Step,
+        bindings: &Bindings,
+        call: Call,
+        hook: &mut NodeHook<'_>,
+    ) -> Result<(), GenerateError> {
+        let (name, outputs) = match step {
+            Step::Launch(l) => (&l.node, &l.outputs[..]),
+            Step::View { node, at, .. } => (node, std::slice::from_ref(at)),
+            Step::Missing { .. } => return Ok(()),
+        };
+        let node = self.nodes.as_ref().and_then(|n| match kind {
+            PhaseKind::Prefill => n.prefill.get(name),
+            PhaseKind::Decode => n.decode.get(name),
+        });
+        let broken = self.fault.as_ref().filter(|f| &f.node == name);
+        if node.is_none() && broken.is_none() {
+            return Ok(());
+        }
+        let mut values = Vec::with_capacity(outputs.len());
+        for at in outputs {
+            let mut t = self.read(at, bindings)?;
+            if let Some(fault) = broken {
+                t = fault.apply(&t);
+                self.write(at, bindings, &t)?;
+            }
+            values.push(t);
+        }
+        let Some(node) = node else {
+            return Ok(());
+        };
+        // A reshape the lowering materialised is read where its operand's copy landed, in the
+        // operand's shape: give it the node's.
+        let values = values
+            .into_iter()
+            .zip(&node.outputs)
+            .map(|(t, ty)| {
+                let dims: Option<Vec<usize>> = ty
+                    .shape
+                    .iter()
+                    .map(|d| Poly::from_dim(d).eval(bindings).map(|v| v as usize))
+                    .collect();
+                match dims {
+                    Some(dims)
+                        if dims != t.shape() && dims.iter().product::<usize>() == t.numel() =>
+                    {
+                        t.reshape(dims).map_err(|e| artifact_error(e.to_string()))
+                    }
+                    _ => Ok(t),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor> = values.iter().collect();
+        hook(call, node, &refs)
     }
 
     fn phase(&self, kind: PhaseKind) -> &Arc<Phase> {
@@ -311,6 +451,13 @@ impl CudaExecutor {
     }
 }
 
+fn step_node(step: &Step) -> &str {
+    match step {
+        Step::Launch(l) => &l.node,
+        Step::View { node, .. } | Step::Missing { node, .. } => node,
+    }
+}
+
 /// Weight `w` made on the host and uploaded.
 fn upload(gpu: &Gpu, weights: &Weights, w: &WeightEntry) -> Result<CudaSlice<u8>, GenerateError> {
     let t = match weights {
@@ -340,8 +487,8 @@ impl Executor for CudaExecutor {
         &mut self,
         kind: PhaseKind,
         inputs: &[Tensor],
-        _call: Call,
-        _trace: &mut dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]),
+        call: Call,
+        hook: &mut NodeHook<'_>,
     ) -> Result<Vec<Tensor>, GenerateError> {
         let bindings = self.bindings(kind, inputs)?;
         let phase = Arc::clone(self.phase(kind));
@@ -366,8 +513,27 @@ impl Executor for CudaExecutor {
             self.memory.inputs.insert(index, self.gpu.address(&buf));
             uploads.push(buf);
         }
-        for l in phase.launches() {
-            launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+        if self.nodes.is_none() && self.fault.is_none() {
+            for l in phase.launches() {
+                launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+            }
+        } else {
+            // A node is complete after the last step that names it: a concat's copies come
+            // before the view of the whole.
+            let last: HashMap<&str, usize> = phase
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (step_node(s), i))
+                .collect();
+            for (i, step) in phase.steps.iter().enumerate() {
+                if let Step::Launch(l) = step {
+                    launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+                }
+                if last[step_node(step)] == i {
+                    self.after_step(kind, step, &bindings, call, hook)?;
+                }
+            }
         }
         self.gpu.synchronize()?;
         let results = phase

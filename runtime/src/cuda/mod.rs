@@ -112,6 +112,18 @@ impl Gpu {
         Ok(host)
     }
 
+    /// Overwrites the bytes at device address `address` with `bytes`, after the work queued so
+    /// far.
+    pub fn write_bytes(&self, address: u64, bytes: &[u8]) -> Result<(), CudaError> {
+        self.synchronize()?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        // SAFETY: the caller names `bytes.len()` bytes of device memory it owns.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(address, bytes) }
+            .map_err(driver(format!("writing {} bytes", bytes.len())))
+    }
+
     /// The device address of `buf`'s first byte.
     pub fn address(&self, buf: &CudaSlice<u8>) -> u64 {
         let (ptr, _sync) = buf.device_ptr(&self.stream);
