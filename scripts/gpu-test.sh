@@ -3,8 +3,9 @@
 #
 #   scripts/gpu-test.sh build   # here: builds the GPU test binaries (release, no debug info)
 #                               # into .gpu/ (git-ignored), small enough to carry (< 64 MiB)
-#   scripts/gpu-test.sh run [FILTER]  # on the GPU machine, from the repository root: runs them
-#                               # all (or those whose name contains FILTER)
+#   scripts/gpu-test.sh run [ARGS]    # on the GPU machine, from the repository root: runs them
+#                               # all; ARGS go to every test binary (a name filter, or
+#                               # `--skip NAME` to leave the timing runs out when device time is short)
 #
 # The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in $OUT
 # (harness.txt, sampling.txt, bandwidth.md, gemm.md, gemm_torch.md, log.txt) and are recorded in
@@ -35,9 +36,10 @@ run)
     command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     nvcc --version | tail -1
+    shift
     status=0
     for t in gpu_kernels oracle trace; do
-        .gpu/$t --ignored --test-threads=1 --nocapture ${2:+"$2"} 2>&1 | tee -a "$GLMC_GPU_OUT/log.txt" || status=1
+        .gpu/$t --ignored --test-threads=1 --nocapture "$@" 2>&1 | tee -a "$GLMC_GPU_OUT/log.txt" || status=1
     done
     # torch.matmul on the GEMM shapes the harness timed
     if [ -f "$GLMC_GPU_OUT/gemm.json" ]; then
@@ -46,7 +48,7 @@ run)
     exit $status
     ;;
 *)
-    echo "usage: $0 build|run" >&2
+    echo "usage: $0 build | run [TEST-BINARY ARGS]" >&2
     exit 2
     ;;
 esac
