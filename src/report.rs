@@ -175,12 +175,14 @@ fn schedule_summary(out: &mut String, lowered: &Lowered) -> std::fmt::Result {
     )?;
     for p in &lowered.phases {
         let count = |f: fn(&Step) -> bool| p.steps.iter().filter(|s| f(s)).count();
+        // Guarded launches come in pairs, one kernel for few rows and one for many; one runs.
+        let paired = count(|s| matches!(s, Step::Launch(l) if l.when.is_some())) / 2;
         writeln!(
             out,
-            "  @{}: arena {}, {} launches (copies included), {} views, {} ops not lowered yet",
+            "  @{}: arena {}, {} launches a step (copies included; {paired} of them pick one of two kernels by row count), {} views, {} ops not lowered yet",
             p.function,
             human_bytes(p.arena_bytes),
-            count(|s| matches!(s, Step::Launch(_))),
+            count(|s| matches!(s, Step::Launch(_))) - paired,
             count(|s| matches!(s, Step::View { .. })),
             count(|s| matches!(s, Step::Missing { .. })),
         )?;
