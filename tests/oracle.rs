@@ -10,6 +10,9 @@ mod common_oracle;
 use common_oracle::{
     default_module, glmc_run, ids_arg, row_errors, Logits, Oracle, RowErrors, TOL,
 };
+use std::collections::HashMap;
+
+use glmc_runtime::trace::{read_trace, TraceEntry};
 use glmc_runtime::{generate, Generator, Sampling};
 
 /// How closely two glmc paths over the same tokens (one prefill, prefill + decode steps, two
@@ -108,6 +111,143 @@ fn cuda_random_weights_match_the_cpu() {
     let e = row_errors(&cuda.dump.logits, &cpu.dump.logits, rows);
     println!("random weights, --device cuda vs cpu: {}", e.summary());
     assert!(e.rows_over(TOL).is_empty(), "{}", e.summary());
+}
+
+/// How far bf16 logits may stray from the f32 run's, relative to the row's largest logit, while
+/// both runs have made the same top-k picks (issue 11: bf16 rounding of a tiny random model's
+/// activations; transformers itself lands 2e-2 to 1.5e-1 from its float64 logits once its picks
+/// flip).
+const BF16_TOL: f64 = 3e-2;
+
+/// The first position at which a top-k decision (indexer keys, router experts) of trace `b`
+/// differs from trace `a`'s, comparing every integer record the two share.
+fn first_topk_difference(a: &[TraceEntry], b: &[TraceEntry]) -> Option<(usize, String)> {
+    let key = |e: &TraceEntry| (e.call.clone(), e.node.clone(), e.output, e.position);
+    let theirs: HashMap<_, &TraceEntry> = b.iter().map(|e| (key(e), e)).collect();
+    a.iter()
+        .filter(|e| e.integer && ["dsa.topk", "moe.route"].contains(&e.op.as_str()))
+        .filter_map(|e| {
+            let other = theirs.get(&key(e))?;
+            let same = other.first == e.first && other.l2 == e.l2 && other.shape == e.shape;
+            (!same).then(|| (e.position.unwrap_or(0), e.node.clone()))
+        })
+        .min_by_key(|(p, _)| *p)
+}
+
+/// The `k` largest logits' tokens of a row.
+fn top(row: &[f64], k: usize) -> Vec<usize> {
+    let mut ids: Vec<usize> = (0..row.len()).collect();
+    ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    ids.truncate(k);
+    ids
+}
+
+/// bf16 on `device` against f32 on the same device, on every fixture. With the fixture's tokens
+/// forced (one prefill over all of them), every row before the first position at which a top-k
+/// pick differs between the two runs (found in their `--trace`s) stays within [`BF16_TOL`] of
+/// the f32 run's. Generating greedily in bf16, a token predicted before that position may differ
+/// from transformers' only the way vLLM allows logprobs to (each side's token among the other's
+/// five most likely); later tokens follow from a different prefix and are not compared.
+///
+/// After a flip the tokens are only reported: on these tiny models one indexer flip swaps a key
+/// out of a handful, and on `sparse` (first flip at position 9) the CPU interpreter's own bf16 run
+/// ranks transformers' token at position 19 outside its top 8, so the issue's top-5 rule there
+/// would judge the model's size, not a kernel.
+fn check_bf16_against_f32(device: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    let mut table = Vec::new();
+    for o in Oracle::all() {
+        let all = ids_arg(&o.tokens);
+        let forced = |dtype: &str| {
+            let trace = tmp.path().join(format!("{}-{dtype}.trace", o.case));
+            let path = trace.to_str().unwrap().to_string();
+            let run = glmc_run(
+                &o.dir,
+                1,
+                &[
+                    "--prompt-ids",
+                    &all,
+                    "--dtype",
+                    dtype,
+                    "--device",
+                    device,
+                    "--trace",
+                    &path,
+                ],
+            );
+            (run, read_trace(&trace).expect("the run's trace"))
+        };
+        let (f32_run, f32_trace) = forced("f32");
+        let (bf16_run, bf16_trace) = forced("bf16");
+        let flip = first_topk_difference(&f32_trace, &bf16_trace);
+        let agree = flip.as_ref().map_or(o.t(), |(p, _)| *p).min(o.t());
+        let e = row_errors(&bf16_run.dump.logits, &f32_run.dump.logits, o.t());
+        let before = e.max_in(0..agree);
+        if before.is_nan() || before > BF16_TOL {
+            failures.push(format!(
+                "{}: rows before the first top-k difference (position {agree}) are {before:.3e} from f32 (bound {BF16_TOL:e})",
+                o.case
+            ));
+        }
+
+        let prompt = ids_arg(&o.prompt);
+        let generated = glmc_run(
+            &o.dir,
+            o.generated.len(),
+            &[
+                "--prompt-ids",
+                &prompt,
+                "--dtype",
+                "bf16",
+                "--device",
+                device,
+            ],
+        );
+        let tokens = &generated.dump.generated;
+        let mismatch = (0..o.generated.len()).find(|&j| tokens.get(j) != o.generated.get(j));
+        let tokens_text = match mismatch {
+            None => "greedy tokens identical".to_string(),
+            Some(j) => {
+                let row = o.prompt.len() - 1 + j;
+                let (ours, theirs) = (tokens[j] as usize, o.generated[j] as usize);
+                let ours_in_hf = top(o.logits_pure64.row(row), 5).contains(&ours);
+                let hf_in_ours = top(generated.dump.logits.row(row), 5).contains(&theirs);
+                let judged = row < agree;
+                if judged && !(ours_in_hf && hf_in_ours) {
+                    failures.push(format!(
+                        "{}: token {j} (row {row}, before any top-k difference) is {ours} (in HF's top 5: {ours_in_hf}), HF's is {theirs} (in bf16's top 5: {hf_in_ours})",
+                        o.case
+                    ));
+                }
+                format!(
+                    "first token difference at {j} (row {row}, {} the first top-k difference): bf16's in HF's top 5: {ours_in_hf}, HF's in bf16's top 5: {hf_in_ours}",
+                    if judged { "before" } else { "after" }
+                )
+            }
+        };
+        table.push(format!(
+            "  {:<17} first top-k difference: {:<40} rows before it: max {before:.3e}; {tokens_text}",
+            o.case,
+            flip.map_or("none".to_string(), |(p, node)| format!("position {p} ({node})")),
+        ));
+    }
+    println!(
+        "bf16 vs f32 on {device} (relative error per row before the first top-k difference):\n{}",
+        table.join("\n")
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn bf16_on_the_cpu_follows_f32_until_a_top_k_pick_differs() {
+    check_bf16_against_f32("cpu");
+}
+
+#[test]
+#[ignore = "gpu"]
+fn cuda_bf16_follows_f32_until_a_top_k_pick_differs() {
+    check_bf16_against_f32("cuda");
 }
 
 #[test]
