@@ -12,8 +12,9 @@ use common_oracle::{
 };
 use std::collections::HashMap;
 
+use glmc_ir::Module;
 use glmc_runtime::trace::{read_trace, TraceEntry};
-use glmc_runtime::{generate, Generator, Sampling};
+use glmc_runtime::{generate, Checkpoint, Generator, Sampling};
 
 /// How closely two glmc paths over the same tokens (one prefill, prefill + decode steps, two
 /// chunks) must agree: they differ only in f32 rounding order.
@@ -353,19 +354,41 @@ fn assert_close(what: &str, e: &RowErrors, tol: f64) {
 /// two chunks give the same logits rows; `generate` also reproduces HF's tokens.
 #[test]
 fn prefill_decode_and_chunked_prefill_agree() {
+    check_consistency("library (interpreter)", |_, module, weights| {
+        Generator::new(module, weights).expect("a generator")
+    });
+}
+
+/// The same on the GPU: the compiled prefill and decode schedules, the caches they share, and a
+/// prefill that starts after an earlier chunk, against one prefill of everything.
+#[test]
+#[ignore = "gpu"]
+fn cuda_prefill_decode_and_chunked_prefill_agree() {
+    check_consistency("library (cuda)", |o, module, weights| {
+        common_oracle::cuda_generator(&o.dir, module, weights, o.t() as u64, o.t() as u64 + 1)
+    });
+}
+
+/// One prefill of the fixture's tokens, prefill + greedy decode steps, and two prefill chunks
+/// give the same logits (to [`SELF_TOL`]) through generators made by `make`, and the one prefill
+/// is the fixture's.
+fn check_consistency(
+    what: &str,
+    make: impl for<'m> Fn(&Oracle, &'m Module, &'m Checkpoint) -> Generator<'m>,
+) {
     let mut table = Vec::new();
     for o in Oracle::all() {
         let module = default_module(&o.dir);
         let weights = common_oracle::checkpoint(&o.dir);
         let t = o.t();
 
-        let mut g = Generator::new(&module, &weights).expect("a generator");
+        let mut g = make(&o, &module, &weights);
         let full = g
             .prefill(&o.tokens, &greedy(), &mut no_trace())
             .expect("prefill");
         let full = Logits::from_rows(&full.logits);
 
-        let mut g = Generator::new(&module, &weights).expect("a generator");
+        let mut g = make(&o, &module, &weights);
         let gen = generate(
             &mut g,
             &o.prompt,
@@ -382,7 +405,7 @@ fn prefill_decode_and_chunked_prefill_agree() {
         // Split so that the second chunk starts inside the prompt and runs past index_topk
         // (sparse rows whose keys partly come from the first chunk's cache).
         let split = (t / 2).max(1);
-        let mut g = Generator::new(&module, &weights).expect("a generator");
+        let mut g = make(&o, &module, &weights);
         let mut rows = g
             .prefill(&o.tokens[..split], &greedy(), &mut no_trace())
             .expect("first chunk")
@@ -411,7 +434,7 @@ fn prefill_decode_and_chunked_prefill_agree() {
         assert_close(&format!("{}: prefill vs logits_pure64", o.case), &e, TOL);
     }
     println!(
-        "library consistency (relative error per row):\n{}",
+        "{what} consistency (relative error per row):\n{}",
         table.join("\n")
     );
 }

@@ -502,6 +502,50 @@ pub fn default_module(dir: &Path) -> Module {
     m
 }
 
+/// A generator for `module` compiled for the GPU present and run from its artifact, as `glmc run
+/// --device cuda` does: one sequence, at most `max_prefill` tokens a prefill, `context` in all.
+pub fn cuda_generator<'a>(
+    dir: &Path,
+    module: &Module,
+    weights: &'a Checkpoint,
+    max_prefill: u64,
+    context: u64,
+) -> glmc_runtime::Generator<'a> {
+    use glmc_codegen::{artifact::Manifest, lower_module, nvcc, render, Limits, Target};
+    let gpu = glmc_runtime::cuda::Gpu::open(0).expect("a GPU");
+    let (major, minor) = gpu.compute_capability().expect("its compute capability");
+    let target = Target::for_gpu(major, minor).expect("a GPU glmc compiles for");
+    let limits = Limits {
+        max_prefill_tokens: max_prefill,
+        max_batch: 1,
+        max_context: context,
+    };
+    let lowered = lower_module(module, target, limits).expect("the module lowers");
+    let config = glmc_models::import_hf(dir)
+        .expect("the fixture's config")
+        .config;
+    let manifest = Manifest::new(module, config.dtype, &lowered, Vec::new(), &config);
+    assert!(
+        manifest.complete,
+        "missing kernels: {:?}",
+        manifest.missing_ops
+    );
+    let compiler = nvcc::find(None)
+        .expect("a usable nvcc setting")
+        .expect("nvcc on PATH or $GLMC_NVCC");
+    let source = render::render(&lowered.kernels).expect("the kernels render");
+    let compiled = nvcc::compile(
+        &compiler,
+        &source,
+        target,
+        nvcc::default_cache_dir().as_deref(),
+    )
+    .expect("the kernels compile");
+    let exec = glmc_runtime::cuda::CudaExecutor::load(&manifest, &compiled.cubin, weights)
+        .expect("the artifact loads");
+    glmc_runtime::Generator::with_executor(Box::new(exec)).expect("a generator")
+}
+
 pub fn checkpoint(dir: &Path) -> Checkpoint {
     Checkpoint::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
