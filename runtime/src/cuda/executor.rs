@@ -128,6 +128,10 @@ pub struct CudaExecutor {
     /// The IR nodes of each phase by name, when the run observes nodes.
     nodes: Option<PhaseNodes>,
     fault: Option<Fault>,
+    /// Each phase's inputs, in its order, allocated once at their largest (ids and positions
+    /// of a step change every call; their buffers do not).
+    prefill_inputs: Vec<CudaSlice<u8>>,
+    decode_inputs: Vec<CudaSlice<u8>>,
     // The allocations `memory` points into: they live as long as the executor.
     _arena: CudaSlice<u8>,
     _weights: Vec<CudaSlice<u8>>,
@@ -241,6 +245,22 @@ impl CudaExecutor {
             memory.states.insert(s.name.clone(), gpu.address(&buf));
             states.push(buf);
         }
+        let input_buffers = |phase: &Phase| -> Result<Vec<CudaSlice<u8>>, CudaError> {
+            phase
+                .inputs
+                .iter()
+                .map(|(name, at)| {
+                    let bytes = at.bytes().eval(&phase.max_bindings).ok_or_else(|| {
+                        artifact_error(format!(
+                            "input {name} of @{} has no size at the artifact's limits",
+                            phase.function
+                        ))
+                    })?;
+                    gpu.alloc(bytes as usize)
+                })
+                .collect()
+        };
+        let (prefill_inputs, decode_inputs) = (input_buffers(&prefill)?, input_buffers(&decode)?);
         let vocab = prefill
             .results
             .iter()
@@ -258,6 +278,8 @@ impl CudaExecutor {
             memory,
             nodes: None,
             fault: None,
+            prefill_inputs,
+            decode_inputs,
             _arena: arena,
             _weights: held,
             _states: states,
@@ -501,17 +523,19 @@ impl Executor for CudaExecutor {
             ))
             .into());
         }
-        let mut uploads = Vec::with_capacity(inputs.len());
-        for ((name, at), t) in phase.inputs.iter().zip(inputs) {
+        let buffers = match kind {
+            PhaseKind::Prefill => &mut self.prefill_inputs,
+            PhaseKind::Decode => &mut self.decode_inputs,
+        };
+        for (((name, at), t), buf) in phase.inputs.iter().zip(inputs).zip(buffers.iter_mut()) {
             let Buf::Input(index) = at.buf else {
                 return Err(artifact_error(format!("input {name} is not an argument")).into());
             };
             let bytes = t
                 .to_bytes(at.dtype)
                 .map_err(|e| artifact_error(format!("input {name}: {e}")))?;
-            let buf = self.gpu.upload(&bytes)?;
-            self.memory.inputs.insert(index, self.gpu.address(&buf));
-            uploads.push(buf);
+            self.gpu.upload_into(&bytes, buf)?;
+            self.memory.inputs.insert(index, self.gpu.address(buf));
         }
         if self.nodes.is_none() && self.fault.is_none() {
             for l in phase.launches() {
@@ -541,7 +565,6 @@ impl Executor for CudaExecutor {
             .iter()
             .map(|(_, at)| self.read(at, &bindings))
             .collect::<Result<Vec<_>, _>>()?;
-        drop(uploads);
         Ok(results)
     }
 }

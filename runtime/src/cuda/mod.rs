@@ -89,6 +89,24 @@ impl Gpu {
             .map_err(driver(format!("uploading {} bytes", bytes.len())))
     }
 
+    /// Copies `bytes` to the start of `buf`, which must hold them.
+    pub fn upload_into(&self, bytes: &[u8], buf: &mut CudaSlice<u8>) -> Result<(), CudaError> {
+        if bytes.len() > buf.len() {
+            return Err(CudaError::Artifact(format!(
+                "{} bytes of input for a buffer of {}",
+                bytes.len(),
+                buf.len()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut head = buf.slice_mut(..bytes.len());
+        self.stream
+            .memcpy_htod(bytes, &mut head)
+            .map_err(driver(format!("uploading {} bytes", bytes.len())))
+    }
+
     pub fn download(&self, buf: &CudaSlice<u8>) -> Result<Vec<u8>, CudaError> {
         self.stream
             .clone_dtoh(buf)
