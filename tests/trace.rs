@@ -249,6 +249,12 @@ fn compare_trace_exits_2_on_bad_input() {
 /// stops at the first node that produces NaN, naming it with its layer and call.
 #[test]
 fn check_finite_names_the_first_non_finite_node() {
+    check_finite_on("cpu");
+}
+
+/// A healthy `--check-finite` run of the sparse fixture on `device` passes; with a NaN injected
+/// at layer 0's up_proj it must stop there with exit 2.
+fn check_finite_on(device: &str) {
     let model = fixture("sparse");
     let args = [
         "run",
@@ -258,16 +264,13 @@ fn check_finite_names_the_first_non_finite_node() {
         "--max-new-tokens",
         "3",
         "--check-finite",
+        "--device",
+        device,
     ];
     succeeded(&glmc(&args));
-    check_finite_stops_at_a_nan(&args, "cpu");
-}
-
-/// Runs `args` with a NaN injected at layer 0's up_proj; the run must stop there with exit 2.
-fn check_finite_stops_at_a_nan(args: &[&str], device: &str) {
     let node = "model.layers.0.mlp.up_proj";
     let nan = format!("{node}=nan");
-    let out = glmc_env(args, &[(Fault::ENV, &nan)]);
+    let out = glmc_env(&args, &[(Fault::ENV, &nan)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{device}: {stderr}");
     assert!(
@@ -394,20 +397,7 @@ fn compare_trace_names_a_broken_kernel_on_the_gpu() {
 #[test]
 #[ignore = "gpu"]
 fn check_finite_names_the_first_non_finite_node_on_the_gpu() {
-    let model = fixture("sparse");
-    let args = [
-        "run",
-        model.to_str().unwrap(),
-        "--prompt-ids",
-        PROMPT,
-        "--max-new-tokens",
-        "3",
-        "--check-finite",
-        "--device",
-        "cuda",
-    ];
-    succeeded(&glmc(&args));
-    check_finite_stops_at_a_nan(&args, "cuda");
+    check_finite_on("cuda");
 }
 
 /// An artifact compiled for the other architecture is refused with the fix.

@@ -33,6 +33,17 @@ constexpr int COLS = N;
 __device__ __forceinline__ int column(int l) { return l < COLS ? l : -1; }
 {%- endif %}
 
+// The output tile block `block` computes: its column tile, head and first row. Blocks take
+// column tiles fastest, then heads, then row tiles (the grid is rounded up to whole row tiles, so
+// a block may start past the last row: it has nothing to do).
+struct Tile {
+    int nt, h;
+    i64 m0;
+};
+__device__ __forceinline__ Tile tile_of(i64 block, int col_tiles, int tile_rows) {
+    return {(int)(block % col_tiles), (int)(block / col_tiles % HEADS), block / col_tiles / HEADS * tile_rows};
+}
+
 __device__ __forceinline__ i64 x_offset(i64 r, int h, i64 x_outer, i64 x_row, i64 x_inner_rows, i64 x_head) {
     return (r / x_inner_rows) * x_outer + (r % x_inner_rows) * x_row + h * x_head;
 }

@@ -18,12 +18,10 @@
     bf16* const sx = reinterpret_cast<bf16*>(dynamic_smem);  // [STAGES][BM][LDS]
     bf16* const sw = sx + STAGES * BM * LDS;                 // [STAGES][BN][LDS]
 
-    i64 b = blockIdx.x;
-    const int nt = (int)(b % N_TILES);
-    b /= N_TILES;
-    const int h = (int)(b % HEADS);
-    const i64 m0 = b / HEADS * BM;
-    if (m0 >= rows) return;  // the grid is rounded up to whole row tiles
+    const Tile tile = tile_of(blockIdx.x, N_TILES, BM);
+    const int nt = tile.nt, h = tile.h;
+    const i64 m0 = tile.m0;
+    if (m0 >= rows) return;
     const int n0 = nt * BN;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N, g = lane >> 2, t4 = lane & 3;

@@ -14,12 +14,10 @@
     constexpr int CHUNKS = (K + CHUNK - 1) / CHUNK;
     __shared__ float partial[WARPS][MT * NT * 4][32];
 
-    i64 b = blockIdx.x;
-    const int nt = (int)(b % N_TILES);
-    b /= N_TILES;
-    const int h = (int)(b % HEADS);
-    const i64 m0 = b / HEADS * BM;
-    if (m0 >= rows) return;  // the grid is rounded up to whole row groups
+    const Tile tile = tile_of(blockIdx.x, N_TILES, BM);
+    const int nt = tile.nt, h = tile.h;
+    const i64 m0 = tile.m0;
+    if (m0 >= rows) return;
     const int n0 = nt * BN;
     const int mt = (int)min((i64)MT, (rows - m0 + 15) / 16);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;

@@ -9,12 +9,10 @@
     constexpr int WARPS = {{ threads }} / 32, BN = 2 * WARPS, RB = 8, V = {{ vec }};
     constexpr int N_TILES = (COLS + BN - 1) / BN;
 
-    i64 b = blockIdx.x;
-    const int nt = (int)(b % N_TILES);
-    b /= N_TILES;
-    const int h = (int)(b % HEADS);
-    const i64 m0 = b / HEADS * RB;
-    if (m0 >= rows) return;  // the grid is rounded up to whole row groups
+    const Tile tile = tile_of(blockIdx.x, N_TILES, RB);
+    const int nt = tile.nt, h = tile.h;
+    const i64 m0 = tile.m0;
+    if (m0 >= rows) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int l0 = nt * BN + warp * 2;
     const int c0 = column(l0), c1 = column(l0 + 1);

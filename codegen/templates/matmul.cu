@@ -8,11 +8,9 @@
     __shared__ float as[BK][BM + 4];
     __shared__ float bs[BK][BN + 4];
 
-    i64 b = blockIdx.x;
-    const int nt = (int)(b % N_TILES);
-    b /= N_TILES;
-    const int h = (int)(b % HEADS);
-    const i64 m0 = b / HEADS * BM;
+    const Tile tile = tile_of(blockIdx.x, N_TILES, BM);
+    const int nt = tile.nt, h = tile.h;
+    const i64 m0 = tile.m0;
     if (m0 >= rows) return;
 
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
