@@ -178,6 +178,22 @@ fn rank_memory(rank: &Module, max_context: u64) -> anyhow::Result<RankMemory> {
     })
 }
 
+/// The bytes of `m`'s weights (each named weight once, at its dtype).
+fn weight_bytes(m: &Module) -> u64 {
+    let mut seen = std::collections::BTreeMap::new();
+    for f in &m.functions {
+        for n in f.canonical_order() {
+            let node = f.node(n);
+            if let Op::Weight { .. } = node.op {
+                let ty = &node.outputs[0];
+                let numel: u64 = ty.shape.iter().filter_map(|d| d.as_const()).product();
+                seen.insert(node.name.clone(), numel * ty.dtype.size_bytes());
+            }
+        }
+    }
+    seen.values().sum()
+}
+
 /// The section's text. `module` is the single-device module, `rank0` its rank 0 of `degree`,
 /// `max_context` the model's `max_position_embeddings`.
 pub fn section(
@@ -200,6 +216,12 @@ pub fn section(
         "\ntensor parallelism: TP={degree}, per rank (rank 0's graph; every rank has the same shapes)"
     )?;
     writeln!(out, "  weights                {}", human_bytes(mem.weights))?;
+    writeln!(
+        out,
+        "  checkpoint reads       {} per rank, at the model's dtype: its slice of each sharded tensor, never the rest (the whole model's weights are {})",
+        human_bytes(weight_bytes(rank0)),
+        human_bytes(weight_bytes(module))
+    )?;
     writeln!(
         out,
         "  kv cache per token     {} on every rank: the latent cache and the indexer keys are replicated (GLM5-SPEC §4)",

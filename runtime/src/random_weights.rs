@@ -157,27 +157,13 @@ impl RandomWeights {
         }
     }
 
-    /// The elements of a weight of `shape` made of `pieces`, in parallel over its first axis.
+    /// The elements of a weight of `shape` made of `pieces`.
     fn fill(&self, shape: &[u64], pieces: &[Piece]) -> Vec<f32> {
-        let numel = shape.iter().product::<u64>() as usize;
-        let mut out = vec![0.0f32; numel];
-        if numel == 0 {
-            return out;
-        }
-        let strides = row_major(shape);
         let gens: Vec<LeafGenerator> = pieces
             .iter()
             .map(|p| self.generator(&p.leaf, &p.leaf_shape))
             .collect();
-        let slab = shape.get(1..).map_or(1, |s| s.iter().product::<u64>()) as usize;
-        out.par_chunks_mut(slab).enumerate().for_each(|(i0, slab)| {
-            for (p, g) in pieces.iter().zip(&gens) {
-                if let Some(base) = p.slab_base(i0 as u64) {
-                    p.fill_slab(slab, base, &strides, g);
-                }
-            }
-        });
-        out
+        fill_pieces(shape, pieces, &|piece, index| gens[piece].value(index))
     }
 }
 
@@ -192,6 +178,31 @@ impl WeightSource for RandomWeights {
                 source: Box::new(source),
             })
     }
+}
+
+/// The elements of a weight of `shape` made of `pieces`, in parallel over its first axis:
+/// `value(p, i)` is element `i` (row-major) of piece `p`'s leaf. Only the leaf elements the
+/// pieces cover are asked for.
+pub(crate) fn fill_pieces(
+    shape: &[u64],
+    pieces: &[Piece],
+    value: &(dyn Fn(usize, u64) -> f32 + Sync),
+) -> Vec<f32> {
+    let numel = shape.iter().product::<u64>() as usize;
+    let mut out = vec![0.0f32; numel];
+    if numel == 0 {
+        return out;
+    }
+    let strides = row_major(shape);
+    let slab = shape.get(1..).map_or(1, |s| s.iter().product::<u64>()) as usize;
+    out.par_chunks_mut(slab).enumerate().for_each(|(i0, slab)| {
+        for (k, p) in pieces.iter().enumerate() {
+            if let Some(base) = p.slab_base(i0 as u64) {
+                p.fill_slab(slab, base, &strides, &|i| value(k, i));
+            }
+        }
+    });
+    out
 }
 
 /// A box of a weight filled from one checkpoint tensor: output coordinates `start[k]..start[k] +
@@ -240,10 +251,10 @@ impl Piece {
 
     /// Writes the box's elements on one index of axis 0 into that index's `slab` of the output,
     /// row by row along the last axis. `base` is the leaf index at the slab's origin.
-    fn fill_slab(&self, slab: &mut [f32], base: i64, strides: &[u64], g: &LeafGenerator) {
+    fn fill_slab(&self, slab: &mut [f32], base: i64, strides: &[u64], value: &dyn Fn(u64) -> f32) {
         let rank = self.start.len();
         if rank <= 1 {
-            slab[0] = g.value(base as u64);
+            slab[0] = value(base as u64);
             return;
         }
         let last = rank - 1;
@@ -259,7 +270,7 @@ impl Piece {
             }
             let at = at as usize;
             for t in 0..self.len[last] as usize {
-                slab[at + t] = g.value((leaf + t as i64 * self.stride[last]) as u64);
+                slab[at + t] = value((leaf + t as i64 * self.stride[last]) as u64);
             }
         }
     }

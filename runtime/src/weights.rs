@@ -13,6 +13,7 @@ use std::fs::{self, File};
 use std::io;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use glmc_ir::{DType, Recipe, RecipeError};
@@ -21,6 +22,7 @@ use memmap2::Mmap;
 use safetensors::tensor::Metadata;
 use serde::Deserialize;
 
+use crate::random_weights::{fill_pieces, pieces};
 use crate::tensor::{round_to, Data, Tensor, TensorError};
 
 /// The stored dtype of a checkpoint tensor, as the safetensors header names it.
@@ -168,6 +170,8 @@ pub struct Checkpoint {
     entries: HashMap<String, Entry>,
     /// Built on the first missing tensor only, since a healthy checkpoint never needs it.
     near_names: OnceLock<HashMap<String, String>>,
+    /// Bytes of tensor data read so far (a tensor-parallel rank reads only its slices).
+    bytes_read: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -221,6 +225,7 @@ impl Checkpoint {
             files: Vec::new(),
             entries: HashMap::new(),
             near_names: OnceLock::new(),
+            bytes_read: AtomicU64::new(0),
         };
         let (single, index) = (dir.join(SINGLE_FILE), dir.join(INDEX_FILE));
         if single.is_file() {
@@ -308,13 +313,58 @@ impl Checkpoint {
     /// [`Checkpoint::materialize`] for a weight of `dtype`: floats are rounded to nearest-even
     /// to it once, from the stored precision (an f64 checkpoint is not rounded to f32 first).
     /// Recipes only move elements, so rounding the leaves is rounding the result.
+    ///
+    /// A recipe that only moves elements (slices, concats, stacks, transposes: every recipe glmc
+    /// builds) reads just the elements it keeps, straight from the mapped files, so a
+    /// tensor-parallel rank reads its slice of each tensor and never the rest.
     pub fn materialize_as(&self, recipe: &Recipe, dtype: DType) -> Result<Tensor, WeightError> {
-        recipe.shape()?;
+        let shape = recipe.shape()?;
+        if let Some(pieces) = pieces(recipe) {
+            let entries = pieces
+                .iter()
+                .map(|p| self.checked_entry(&p.leaf, &p.leaf_shape))
+                .collect::<Result<Vec<_>, _>>()?;
+            let sizes: Option<Vec<usize>> = entries.iter().map(|e| float_size(e.dtype)).collect();
+            if let Some(sizes) = sizes {
+                let read: u64 = pieces
+                    .iter()
+                    .zip(&sizes)
+                    .map(|(p, &size)| p.count() * size as u64)
+                    .sum();
+                self.bytes_read.fetch_add(read, Ordering::Relaxed);
+                let values = fill_pieces(&shape, &pieces, &|k, i| {
+                    self.element(entries[k], sizes[k], i, dtype)
+                });
+                return Ok(Tensor::f32(dims(&shape), values)?);
+            }
+        }
         evaluate(recipe, &|name, shape| self.leaf(name, shape, dtype))
+    }
+
+    /// Bytes of tensor data read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// Element `i` (row-major) of a float tensor of `size`-byte elements, rounded to `to` as
+    /// [`decode`] rounds.
+    fn element(&self, entry: &Entry, size: usize, i: u64, to: DType) -> f32 {
+        let at = entry.bytes.start + i as usize * size;
+        let b = &self.files[entry.file].map[at..at + size];
+        let x = match entry.dtype {
+            Dtype::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")).into(),
+            Dtype::BF16 => bf16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
+            Dtype::F16 => f16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
+            Dtype::F64 => f64::from_le_bytes(b.try_into().expect("8 bytes")),
+            other => unreachable!("{other:?} is not a float dtype (checked by the caller)"),
+        };
+        round_to(x, to)
     }
 
     fn leaf(&self, name: &str, shape: &[u64], dtype: DType) -> Result<Tensor, WeightError> {
         let entry = self.checked_entry(name, shape)?;
+        self.bytes_read
+            .fetch_add(entry.bytes.len() as u64, Ordering::Relaxed);
         self.decode(name, entry, dtype)
     }
 
@@ -558,6 +608,11 @@ fn read_header(path: &Path, bytes: &[u8]) -> Result<HashMap<String, Stored>, Wei
 /// representation, floats rounded to nearest-even to `to` (a float dtype), or `None` for a
 /// dtype it cannot read. Called with empty bytes it is the one source of truth for which dtypes
 /// are supported.
+/// The element size of a float dtype [`Checkpoint::element`] reads.
+fn float_size(dtype: Dtype) -> Option<usize> {
+    matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16 | Dtype::F64).then(|| dtype.bitsize() / 8)
+}
+
 fn decode(dtype: Dtype, bytes: &[u8], to: DType) -> Option<Data> {
     // Every stored float type is exact in f64, so this rounds once whatever is stored.
     let float = |x: f64| round_to(x, to);
