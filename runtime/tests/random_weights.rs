@@ -295,7 +295,13 @@ fn device_bytes(file: &str) -> DeviceBytes {
         max_context: 8192,
     };
     let lowered = lower_module(&m, Target::Sm90a, limits).unwrap();
-    DeviceBytes::of(&Manifest::new(&m, config.dtype, &lowered, Vec::new(), &config))
+    DeviceBytes::of(&Manifest::new(
+        &m,
+        config.dtype,
+        &lowered,
+        Vec::new(),
+        &config,
+    ))
 }
 
 #[test]
