@@ -177,9 +177,13 @@ fn schedule_summary(out: &mut String, lowered: &Lowered) -> std::fmt::Result {
         let count = |f: fn(&Step) -> bool| p.steps.iter().filter(|s| f(s)).count();
         // Guarded launches come in pairs, one kernel for few rows and one for many; one runs.
         let paired = count(|s| matches!(s, Step::Launch(l) if l.when.is_some())) / 2;
+        let picks = match paired {
+            0 => String::new(),
+            n => format!("; {n} of them pick one of two kernels by row count"),
+        };
         writeln!(
             out,
-            "  @{}: arena {}, {} launches a step (copies included; {paired} of them pick one of two kernels by row count), {} views, {} ops not lowered yet",
+            "  @{}: arena {}, {} launches a step (copies included{picks}), {} views, {} ops not lowered yet",
             p.function,
             human_bytes(p.arena_bytes),
             count(|s| matches!(s, Step::Launch(_))) - paired,

@@ -11,8 +11,8 @@
 //!   from DRAM once per sequence (not once per head or per query: the rows a step reads stay in
 //!   L2 while its queries use them), and sparse attention reads at most the `index_topk` rows
 //!   each query selects once the context passes `dense_until`;
-//! - `moe.experts` reads the weights of the experts the tokens select (at most all of them),
-//!   not the whole stacked tensor.
+//! - `moe.experts`, `moe.gate_up` and `moe.down` read the weights of the experts the tokens
+//!   select (at most all of them), not the whole stacked tensor.
 
 use glmc_ir::{Function, Op, TensorType};
 
@@ -136,6 +136,29 @@ pub fn function_cost(f: &Function, bindings: &Bindings) -> Vec<OpCost> {
                         + ins[..3].iter().map(|t| bytes(t, bindings)).sum::<f64>()
                         + written,
                     flops: 2.0 * n * k * 3.0 * inter * hidden,
+                }
+            }
+            // The grouped GEMMs read the weights of the experts with rows (at most all of
+            // them), and their routed rows once.
+            Op::MoeGateUp {} | Op::MoeDown {} => {
+                let first_weight = if node.op == (Op::MoeGateUp {}) { 3 } else { 2 };
+                let w = &ins[first_weight];
+                let (experts, n, k) = (
+                    dim(w, 0, bindings),
+                    dim(w, 1, bindings),
+                    dim(w, 2, bindings),
+                );
+                let routed = dim(&outs[0], 0, bindings) * dim(&outs[0], 1, bindings);
+                let active = routed.min(experts);
+                let weights: f64 = ins[first_weight..]
+                    .iter()
+                    .map(|t| active * bytes(t, bindings) / experts)
+                    .sum();
+                let rest: f64 = ins[..first_weight].iter().map(|t| bytes(t, bindings)).sum();
+                let mats = (ins.len() - first_weight) as f64;
+                Cost {
+                    bytes: weights + rest + written,
+                    flops: 2.0 * mats * routed * n * k,
                 }
             }
             _ => plain,

@@ -286,6 +286,10 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
             *routed_scaling_factor,
         ),
         Op::MoeExperts {} => moe_experts(cx),
+        Op::MoeSort { experts } => moe_sort(cx, *experts),
+        Op::MoeGateUp {} => moe_gemm(cx, true),
+        Op::MoeDown {} => moe_gemm(cx, false),
+        Op::MoeCombine { shared } => moe_combine(cx, *shared),
         other => Err(format!("`{}` has no kernel", other.name())),
     }
 }
@@ -1293,4 +1297,200 @@ fn moe_experts(cx: &NodeCtx) -> Result<Lowering, String> {
         int("rows", rows.clone()),
     ];
     Ok(b.launch(GridDim::one_block_each(rows), args))
+}
+
+/// Threads of `moe.sort`'s one block; the template's chunk of pairs.
+const SORT_THREADS: u32 = 1024;
+
+fn moe_sort(cx: &NodeCtx, experts: u64) -> Result<Lowering, String> {
+    let ids = &cx.operands[0];
+    let [offsets, order, position] = cx.outputs else {
+        return Err("moe.sort has three outputs".into());
+    };
+    let (rows, ids_row) = plain_rows(ids, 1, "the expert ids")?;
+    let top_k = const_dim(ids, 1, "the expert ids")?;
+    if [ids, offsets, order, position]
+        .iter()
+        .any(|t| t.dtype != DType::I64)
+        || ![offsets, order, position].iter().all(|t| t.is_contiguous())
+    {
+        return Err("moe.sort reads i64 ids and writes contiguous i64 outputs".into());
+    }
+    let shared = 32 * experts * 4 + (experts + 1) * 4;
+    if shared > STATIC_SHARED_LIMIT {
+        return Err(format!(
+            "{experts} experts take {shared} bytes of shared memory to sort (at most {STATIC_SHARED_LIMIT})"
+        ));
+    }
+    let b = Builder::new("moe_sort", SORT_THREADS)
+        .param("experts", experts)
+        .param("top_k", top_k)
+        .param("shared", shared)
+        .shared(shared as u32, false);
+    let args = vec![
+        cx.ptr("offsets", offsets),
+        cx.ptr("order", order),
+        cx.ptr("position", position),
+        cx.ptr("ids", ids),
+        int("ids_row", ids_row),
+        int("rows", rows),
+    ];
+    Ok(b.launch(GridDim::fixed(1), args))
+}
+
+/// Rows of one expert a block of the skinny grouped GEMM takes: at decode (≤ 64 tokens × 8
+/// slots over 256 experts) an expert rarely has more, so its weights are read once.
+const MOE_SKINNY_ROWS: u64 = 8;
+/// Columns one block of the skinny grouped GEMM computes (8 warps × 2).
+const MOE_SKINNY_COLS: u64 = 16;
+/// Row and column tile of the tensor-core grouped GEMM (`moe_gemm_mma.cu`), its shared memory.
+const MOE_MMA_TILE: u64 = 128;
+const MOE_MMA_SHARED: u32 = 4 * (128 + 128) * (32 + 8) * 2;
+
+/// `moe.gate_up` (`swiglu`: x gathered through `order`, gate and up weights) and `moe.down`:
+/// the tensor-core tiled kernel for the prefill's many rows in bf16, else the skinny FMA one.
+fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
+    let y = &cx.outputs[0];
+    let (x, order, offsets, weights) = if swiglu {
+        let [x, order, offsets, gate, up] = cx.operands else {
+            return Err("moe.gate_up takes five operands".into());
+        };
+        if gate.dtype != up.dtype {
+            return Err(format!("gate {gate} and up {up} differ in dtype"));
+        }
+        (x, Some(order), offsets, vec![gate, up])
+    } else {
+        let [h, offsets, down] = cx.operands else {
+            return Err("moe.down takes three operands".into());
+        };
+        (h, None, offsets, vec![down])
+    };
+    let (x_rows, x_row) = plain_rows(x, 1, "x")?;
+    let w = weights[0];
+    let contiguous = y.is_contiguous()
+        && offsets.is_contiguous()
+        && order.is_none_or(|o| o.is_contiguous())
+        && weights.iter().all(|w| w.is_contiguous());
+    if !contiguous || w.shape.len() != 3 {
+        return Err("the routed rows, offsets, order and weights must be contiguous".into());
+    }
+    let (experts, n, k) = (
+        const_dim(w, 0, "the weights")?,
+        const_dim(w, 1, "the weights")?,
+        const_dim(w, 2, "the weights")?,
+    );
+    let top_k = const_dim(y, 1, "the routed rows")?;
+    let tokens = y.shape[0].clone();
+    let routed = tokens.mul(&Poly::constant(top_k as i64));
+    let tensor_cores = x.dtype == DType::BF16
+        && w.dtype == DType::BF16
+        && k.is_multiple_of(8)
+        && x_row.divisible_by(8)
+        && x.offset_bytes.divisible_by(16)
+        && x_rows.symbols().any(|s| s == "s");
+    let vec = 16 / x.dtype.size_bytes().max(w.dtype.size_bytes());
+    let op = cx.node.op.name();
+    let (b, grid) = if tensor_cores {
+        let out_cols = if swiglu {
+            MOE_MMA_TILE / 2
+        } else {
+            MOE_MMA_TILE
+        };
+        let n_tiles = n.div_ceil(out_cols);
+        let b = Builder::new("moe_gemm_mma", 256).shared(MOE_MMA_SHARED, true);
+        let grid = GridDim {
+            work: routed
+                .add(&Poly::constant((MOE_MMA_TILE * (experts + 1)) as i64))
+                .mul(&Poly::constant(n_tiles as i64)),
+            per_block: MOE_MMA_TILE,
+        };
+        (b, grid)
+    } else {
+        let aligned = k.is_multiple_of(vec)
+            && x_row.divisible_by(vec as i64)
+            && x.offset_bytes.divisible_by(16);
+        if !aligned {
+            return Err(format!(
+                "{op}: K = {k} and the rows of x ({x}) must allow {vec}-element vectors"
+            ));
+        }
+        let b = Builder::new("moe_gemm_skinny", 256)
+            .param("rows", MOE_SKINNY_ROWS)
+            .param("vec", vec);
+        let tiles = n.div_ceil(MOE_SKINNY_COLS);
+        (
+            b,
+            GridDim::one_block_each(routed.mul(&Poly::constant(tiles as i64))),
+        )
+    };
+    let b = b
+        .param("op", op)
+        .param("swiglu", swiglu)
+        .param("k", k)
+        .param("n", n)
+        .param("experts", experts)
+        .param("top_k", top_k)
+        .dtype("y_t", y.dtype)?
+        .dtype("x_t", x.dtype)?
+        .dtype("w_t", w.dtype)?;
+    let mut args = vec![cx.ptr("y", y), cx.ptr("x", x), int("x_row", x_row)];
+    if let Some(order) = order {
+        args.push(cx.ptr("order", order));
+    }
+    args.push(cx.ptr("offsets", offsets));
+    for (i, w) in weights.iter().enumerate() {
+        args.push(cx.ptr(&format!("w{i}"), w));
+    }
+    args.push(int("tokens", tokens));
+    Ok(b.launch(grid, args))
+}
+
+/// Threads of `moe.combine`'s block per token.
+const COMBINE_THREADS: u32 = 256;
+
+fn moe_combine(cx: &NodeCtx, shared: bool) -> Result<Lowering, String> {
+    let y = &cx.outputs[0];
+    let (routed, position, weights) = (&cx.operands[0], &cx.operands[1], &cx.operands[2]);
+    let (tokens, y_row) = plain_rows(y, 1, "the output")?;
+    let (_, weights_row) = plain_rows(weights, 1, "the weights")?;
+    if !(routed.is_contiguous() && position.is_contiguous()) || position.dtype != DType::I64 {
+        return Err("the routed rows and positions must be contiguous, positions i64".into());
+    }
+    let dim = const_dim(routed, 2, "the routed rows")?;
+    let top_k = const_dim(routed, 1, "the routed rows")?;
+    let mut vectors: Vec<(&TensorRef, &Poly)> = vec![(y, &y_row)];
+    let shared_rows = if shared {
+        let s = &cx.operands[3];
+        Some((s, plain_rows(s, 1, "the shared output")?.1))
+    } else {
+        None
+    };
+    if let Some((s, row)) = &shared_rows {
+        vectors.push((s, row));
+    }
+    let routed_row = Poly::constant(dim as i64);
+    vectors.push((routed, &routed_row));
+    let vec = vector_width(dim, &vectors);
+    let mut b = Builder::new("moe_combine", COMBINE_THREADS)
+        .param("dim", dim)
+        .param("top_k", top_k)
+        .param("vec", vec)
+        .param("shared", shared)
+        .dtype("y_t", y.dtype)?
+        .dtype("rows_t", routed.dtype)?;
+    let mut args = vec![
+        cx.ptr("y", y),
+        int("y_row", y_row),
+        cx.ptr("routed", routed),
+        cx.ptr("position", position),
+        cx.ptr("weights", weights),
+        int("weights_row", weights_row),
+    ];
+    if let Some((s, row)) = shared_rows {
+        b = b.dtype("shared_t", s.dtype)?;
+        args.push(cx.ptr("shared", s));
+        args.push(int("shared_row", row));
+    }
+    args.push(int("tokens", tokens.clone()));
+    Ok(b.launch(GridDim::one_block_each(tokens), args))
 }

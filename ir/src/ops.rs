@@ -189,6 +189,27 @@ ops! {
     /// Routed SwiGLU experts: `x [n,D]`, `weights [n,k]`, `experts [n,k]`, `gate [E,I,D]`,
     /// `up [E,I,D]`, `down [E,D,I]` → `Σ_j weights[j] · down(silu(gate x) ⊙ up x)`, `[n,D]`.
     MoeExperts "moe.experts" [Arity::Exact(6)] {}
+    /// `lower-moe`'s counting sort of the routed (token, slot) pairs by expert: `experts i64
+    /// [n,k]` (ids below `experts`) → `offsets i64 [experts+1]`, `order i64 [n,k]`,
+    /// `position i64 [n,k]`. The n·k routed rows are the pairs grouped by expert, expert `e`
+    /// owning rows `offsets[e]..offsets[e+1]`, stable (within an expert, pairs in index order
+    /// `t·k + j`); `order` (read flat) gives each routed row its pair index and `position` each
+    /// pair its routed row. Only the split among experts depends on the data, so every shape
+    /// is static.
+    MoeSort "moe.sort" [Arity::Exact(1)] { experts: u64 }
+    /// The routed experts' SwiGLU (`lower-moe`): `x [n,D]`, `order [n,k]`, `offsets [E+1]`
+    /// (from `moe.sort`), `gate [E,I,D]`, `up [E,I,D]` → `[n,k,I]` in x's dtype, routed row `r`
+    /// (read flat) = `silu(gate_e · x[t]) ⊙ (up_e · x[t])` with `t = order[r] / k` and `e` the
+    /// expert owning `r`.
+    MoeGateUp "moe.gate_up" [Arity::Exact(5)] {}
+    /// The routed experts' down projection (`lower-moe`): `h [n,k,I]` (routed rows), `offsets
+    /// [E+1]`, `down [E,D,I]` → `[n,k,D]`, routed row `r` = `down_e · h[r]`.
+    MoeDown "moe.down" [Arity::Exact(3)] {}
+    /// The weighted sum of each token's routed rows (`lower-moe`): `rows [n,k,D]`, `position
+    /// [n,k]`, `weights f32 [n,k]`, and when `shared` the shared experts' output `[n,D]` →
+    /// `[n,D]`, `y[t] = Σ_j weights[t,j] · rows[position[t,j]] (+ shared[t])`, summed in slot
+    /// order.
+    MoeCombine "moe.combine" [Arity::Exact(if *shared { 4 } else { 3 })] { shared: bool }
     /// Greedy choice: `logits [n, V]` (any float dtype) → `i64 [n]`, per row the index of the
     /// largest value. Ties go to the lowest index. NaN is never chosen (it compares below every
     /// number, −inf included); a row of only NaN gives −1.

@@ -639,6 +639,72 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             )?;
             one(h.clone())
         }
+        Op::MoeSort { experts } => {
+            rank("experts", x[0], 2..=2)?;
+            int("experts", x[0])?;
+            if *experts == 0 {
+                return Err("the expert count must be positive".into());
+            }
+            let pairs = TensorType::new(DType::I64, x[0].shape.clone());
+            Ok(vec![
+                TensorType::new(DType::I64, vec![Dim::Const(experts + 1)]),
+                pairs.clone(),
+                pairs,
+            ])
+        }
+        Op::MoeGateUp {} => {
+            let (h, order, offsets, gate, up) = (x[0], x[1], x[2], x[3], x[4]);
+            rank("x", h, 2..=2)?;
+            float("x", h)?;
+            routed_rows(order, offsets, &h.shape[0], gate)?;
+            for (what, t) in [("gate", gate), ("up", up)] {
+                rank(what, t, 3..=3)?;
+                same_dtype(h, t)?;
+            }
+            if gate.shape != up.shape {
+                return Err(format!("gate {gate} and up {up} differ in shape"));
+            }
+            same_dim("hidden dims of x and gate", &gate.shape[2], &h.shape[1])?;
+            let mut shape = order.shape.clone();
+            shape.push(gate.shape[1].clone());
+            one(h.with_shape(shape))
+        }
+        Op::MoeDown {} => {
+            let (h, offsets, down) = (x[0], x[1], x[2]);
+            rank("h", h, 3..=3)?;
+            float("h", h)?;
+            rank("down", down, 3..=3)?;
+            same_dtype(h, down)?;
+            let order = TensorType::new(DType::I64, h.shape[..2].to_vec());
+            routed_rows(&order, offsets, &h.shape[0], down)?;
+            same_dim(
+                "intermediate dims of h and down",
+                &down.shape[2],
+                &h.shape[2],
+            )?;
+            let mut shape = h.shape.clone();
+            shape[2] = down.shape[1].clone();
+            one(h.with_shape(shape))
+        }
+        Op::MoeCombine { shared } => {
+            let (rows, position, weights) = (x[0], x[1], x[2]);
+            rank("rows", rows, 3..=3)?;
+            float("rows", rows)?;
+            int("position", position)?;
+            if weights.dtype != DType::F32 {
+                return Err(format!("the routing weights must be f32, are {weights}"));
+            }
+            if position.shape != weights.shape || position.shape[..] != rows.shape[..2] {
+                return Err(format!(
+                    "position {position} and weights {weights} must be the [n,k] of rows {rows}"
+                ));
+            }
+            let out = rows.with_shape(vec![rows.shape[0].clone(), rows.shape[2].clone()]);
+            if *shared && *x[3] != out {
+                return Err(format!("the shared output {} must be {out}", x[3]));
+            }
+            one(out)
+        }
         Op::SampleArgmax {} => {
             let n = logits_rows(x[0])?;
             one(TensorType::new(DType::I64, vec![n]))
@@ -654,6 +720,31 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             one(TensorType::new(DType::I64, vec![n]))
         }
     }
+}
+
+/// `order [n,k]` and `offsets i64 [E+1]` of `moe.sort` over the `n` tokens, for the stacked
+/// expert weights `w [E,..]`.
+fn routed_rows(
+    order: &TensorType,
+    offsets: &TensorType,
+    n: &Dim,
+    w: &TensorType,
+) -> Result<(), String> {
+    rank("order", order, 2..=2)?;
+    int("order", order)?;
+    same_dim("tokens of x and order", &order.shape[0], n)?;
+    rank("offsets", offsets, 1..=1)?;
+    int("offsets", offsets)?;
+    let e = w.shape[0]
+        .as_const()
+        .ok_or_else(|| format!("the expert count of {w} must be constant"))?;
+    if offsets.shape[0] != Dim::Const(e + 1) {
+        return Err(format!(
+            "offsets {offsets} must have {} entries for {w}",
+            e + 1
+        ));
+    }
+    Ok(())
 }
 
 /// The rows of `logits [n, V]` for a sampler.

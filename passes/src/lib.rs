@@ -6,6 +6,7 @@ pub mod cse;
 pub mod dce;
 pub mod fuse_elementwise;
 pub mod fuse_mla_projections;
+pub mod lower_moe;
 pub mod manager;
 pub mod pass;
 pub mod pipeline;

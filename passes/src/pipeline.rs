@@ -5,16 +5,18 @@ use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::fuse_elementwise::FuseElementwise;
 use crate::fuse_mla_projections::FuseMlaProjections;
+use crate::lower_moe::LowerMoe;
 use crate::manager::PassManager;
 use crate::pass::PassError;
 use crate::select_attention::{AttentionChoice, SelectAttention};
 
 /// Every pass of the pipeline, in the order it runs.
-pub const PIPELINE: [&str; 6] = [
+pub const PIPELINE: [&str; 7] = [
     "fuse-mla-projections",
     "select-attention",
     "absorb-mla",
     "fuse-elementwise",
+    "lower-moe",
     "cse",
     "dce",
 ];
@@ -48,6 +50,7 @@ pub fn pipeline(options: &PipelineOptions) -> Result<PassManager, PassError> {
     });
     pm.add(AbsorbMla);
     pm.add(FuseElementwise);
+    pm.add(LowerMoe);
     pm.add(Cse);
     pm.add(Dce);
     for name in PIPELINE {

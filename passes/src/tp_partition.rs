@@ -21,8 +21,8 @@
 //! graph's `[.., H, D]` views are head-major, so their head dimension is the one that shrinks.
 //!
 //! A partial sum (a row-parallel matmul's, the routed experts') stays partial through an `add`
-//! of two partial sums and is reduced right before anything else reads it, so the MoE block
-//! reduces once. The node that computes the whole value keeps the original name (the
+//! of two partial sums (or a `moe.combine` of partial routed rows and shared output) and is
+//! reduced right before anything else reads it, so the MoE block reduces once. The node that computes the whole value keeps the original name (the
 //! `all_reduce`, the `all_gather`), so a rank's trace lines up with the single-device trace;
 //! the node that computes this rank's part is renamed `NAME.partial` or `NAME.shard`.
 
@@ -353,7 +353,12 @@ impl<'f> Partition<'f> {
         let operands = self.f.operands(n);
         let partial = |p: &Self, v: &Value| p.held.get(v) == Some(&Held::Partial);
         let sum_of_partials = op == (Op::Add {}) && operands.iter().all(|v| partial(self, v));
-        if !sum_of_partials {
+        // `moe.combine` is linear in its routed rows and the shared output together, so partial
+        // sums of both give this rank's part of the whole.
+        let combine_of_partials = matches!(op, Op::MoeCombine { .. })
+            && partial(self, &operands[0])
+            && operands.get(3).is_none_or(|v| partial(self, v));
+        if !(sum_of_partials || combine_of_partials) {
             for (i, v) in operands.iter().enumerate() {
                 let whole = self.whole(*v)?;
                 if whole != *v {
@@ -382,6 +387,8 @@ impl<'f> Partition<'f> {
                 _ => None,
             },
             Op::MoeExperts {} if (3..6).any(|i| split_operand(i).is_some()) => Some(Held::Partial),
+            Op::MoeDown {} if split_operand(2).is_some() => Some(Held::Partial),
+            Op::MoeCombine { .. } if combine_of_partials => Some(Held::Partial),
             Op::Add {} if sum_of_partials => Some(Held::Partial),
             _ => None,
         };

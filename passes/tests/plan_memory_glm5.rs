@@ -101,14 +101,16 @@ fn compiled_glm5_plans_soundly_with_hand_checked_sizes() {
         // The logits, f32, of one row per sequence: prefill's last position, decode's batch.
         let sequences = if phase == "prefill" { 1 } else { b };
         assert_eq!(value("logits").bytes, sequences * vocab * 4, "@{phase}");
-        // Decode's logits are its largest intermediate; prefill's (605 KiB) no longer are,
-        // the absorbed query s × 64 heads × 512 (bf16, 512 MiB) is.
+        // Decode's logits are its largest intermediate; prefill's (605 KiB) no longer are, nor
+        // is the absorbed query s × 64 heads × 512 (bf16, 512 MiB): the routed rows out of the
+        // experts' down projection, s × 8 slots × 6144 (bf16, 768 MiB), are.
+        assert_eq!(
+            value("model.layers.0.self_attn.q_absorbed").bytes,
+            rows * heads * latent * 2
+        );
         let largest = plan.largest_intermediate().unwrap();
         let (name, bytes) = match phase {
-            "prefill" => (
-                "model.layers.0.self_attn.q_absorbed",
-                rows * heads * latent * 2,
-            ),
+            "prefill" => ("model.layers.3.mlp.experts.down", rows * 8 * hidden * 2),
             _ => ("logits", rows * vocab * 4),
         };
         assert_eq!(

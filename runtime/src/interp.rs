@@ -561,6 +561,16 @@ impl Interpreter {
                 Ok(vec![Arc::new(w), Arc::new(e)])
             }
             Op::MoeExperts {} => one(moe::experts(a(0), a(1), a(2), a(3), a(4), a(5))?),
+            Op::MoeSort { experts } => {
+                let (offsets, order, position) = moe::sort(a(0), *experts as usize)?;
+                Ok(vec![Arc::new(offsets), Arc::new(order), Arc::new(position)])
+            }
+            Op::MoeGateUp {} => one(moe::gate_up(a(0), a(1), a(2), a(3), a(4))?),
+            Op::MoeDown {} => one(moe::down(a(0), a(1), a(2))?),
+            Op::MoeCombine { shared } => {
+                let s = if *shared { Some(a(3)) } else { None };
+                one(moe::combine(a(0), a(1), a(2), s)?)
+            }
             Op::SampleArgmax {} => one(sample::argmax(a(0))?),
             Op::SampleTopP {} => one(sample::top_p(a(0), a(1), a(2), a(3))?),
         }

@@ -43,20 +43,22 @@ fn out_dir() -> PathBuf {
 }
 
 fn model(file: &str) -> Module {
-    model_in(file, None)
+    model_in(file, None, &[])
 }
 
-/// A shipped model, in `dtype` where given (the f32 validation mode), else its own.
-fn model_in(file: &str, dtype: Option<DType>) -> Module {
+/// A shipped model, in `dtype` where given (the f32 validation mode), else its own, after the
+/// pipeline without the passes `disabled`.
+fn model_in(file: &str, dtype: Option<DType>, disabled: &[&str]) -> Module {
     let mut config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
     if let Some(d) = dtype {
         config.dtype = d;
     }
     let mut m = glmc_models::builder::build(&config, &Default::default()).unwrap();
-    pipeline(&PipelineOptions::default())
-        .unwrap()
-        .run(&mut m)
-        .unwrap();
+    let options = PipelineOptions {
+        disabled: disabled.iter().map(|p| p.to_string()).collect(),
+        ..Default::default()
+    };
+    pipeline(&options).unwrap().run(&mut m).unwrap();
     m
 }
 
@@ -413,7 +415,8 @@ fn small_bindings(phase: &str) -> Bindings {
 }
 
 /// Integer operands as the graph makes them (the cut node's operands are its inputs, in order):
-/// experts inside the table; top-k rows of keys in [−1, t), except that a row whose context holds
+/// experts inside the table, distinct per token; the routed rows' offsets, order and positions
+/// of such a routing for the grouped GEMMs and the combine; top-k rows of keys in [−1, t), except that a row whose context holds
 /// at most `dense_until` keys lists all of them, as `dsa.topk` gives it and `mla.attend` assumes.
 fn fit_operands(mini: &Function, op: &Op, ins: &mut [Tensor], rng: &mut Rng, context: u64) {
     let at = |k: usize| input_of_operand(mini, k);
@@ -421,12 +424,41 @@ fn fit_operands(mini: &Function, op: &Op, ins: &mut [Tensor], rng: &mut Rng, con
     match op {
         Op::MoeExperts {} => {
             let (ids, table) = (at(2), at(3));
-            let experts = ins[table].shape()[0] as u64;
-            let n = ins[ids].numel();
-            ins[ids] = retype(
-                &ins[ids],
-                (0..n).map(|_| (rng.next() % experts) as i64).collect(),
-            );
+            let experts = ins[table].shape()[0];
+            let (n, k) = (ins[ids].shape()[0], ins[ids].shape()[1]);
+            ins[ids] = retype(&ins[ids], route(rng, n, k, experts));
+        }
+        Op::MoeSort { experts } => {
+            let ids = at(0);
+            let (n, k) = (ins[ids].shape()[0], ins[ids].shape()[1]);
+            ins[ids] = retype(&ins[ids], route(rng, n, k, *experts as usize));
+        }
+        // The sort of a random routing, as `moe.sort` gives it to the grouped GEMMs and the combine.
+        Op::MoeGateUp {} | Op::MoeDown {} | Op::MoeCombine { .. } => {
+            let (n, k, experts, offsets, order, position) = match op {
+                Op::MoeGateUp {} => {
+                    let o = at(1);
+                    let s = ins[o].shape();
+                    let e = ins[at(3)].shape()[0];
+                    (s[0], s[1], e, Some(at(2)), Some(o), None)
+                }
+                Op::MoeDown {} => {
+                    let s = ins[at(0)].shape();
+                    let e = ins[at(2)].shape()[0];
+                    (s[0], s[1], e, Some(at(1)), None, None)
+                }
+                _ => {
+                    let p = at(1);
+                    let s = ins[p].shape();
+                    (s[0], s[1], 2 * s[1], None, None, Some(p))
+                }
+            };
+            let (off, ord, pos) = sort_pairs(&route(rng, n, k, experts), experts);
+            for (slot, data) in [(offsets, off), (order, ord), (position, pos)] {
+                if let Some(i) = slot {
+                    ins[i] = retype(&ins[i], data);
+                }
+            }
         }
         Op::MlaAttend {
             sparse: true,
@@ -463,6 +495,43 @@ fn fit_operands(mini: &Function, op: &Op, ins: &mut [Tensor], rng: &mut Rng, con
         }
         _ => {}
     }
+}
+
+/// A routing of `n` tokens to `k` distinct experts each of `experts`, uniform, flat `[n,k]`.
+fn route(rng: &mut Rng, n: usize, k: usize, experts: usize) -> Vec<i64> {
+    let mut ids = Vec::with_capacity(n * k);
+    for _ in 0..n {
+        let mut row: Vec<i64> = Vec::with_capacity(k);
+        while row.len() < k.min(experts) {
+            let e = (rng.next() % experts as u64) as i64;
+            if !row.contains(&e) {
+                row.push(e);
+            }
+        }
+        row.resize(k, row[0]);
+        ids.extend(row);
+    }
+    ids
+}
+
+/// `moe.sort` on the host: `(offsets, order, position)` of the pairs `ids`, stable.
+fn sort_pairs(ids: &[i64], experts: usize) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+    let mut offsets = vec![0i64; experts + 1];
+    for &e in ids {
+        offsets[e as usize + 1] += 1;
+    }
+    for e in 0..experts {
+        offsets[e + 1] += offsets[e];
+    }
+    let mut next = offsets.clone();
+    let (mut order, mut position) = (vec![0; ids.len()], vec![0; ids.len()]);
+    for (p, &e) in ids.iter().enumerate() {
+        let r = next[e as usize];
+        next[e as usize] += 1;
+        order[r as usize] = p as i64;
+        position[p] = r;
+    }
+    (offsets, order, position)
 }
 
 /// Checks one node: GPU vs interpreter (or, for `cache.update`, the rows written).
@@ -567,18 +636,27 @@ fn every_kernel_instance_matches_the_interpreter() {
     let mut report = String::new();
     let mut failures = Vec::new();
     let mut rng = Rng(0x9e3779b97f4a7c15);
-    // GLM-5 also in the f32 validation mode, whose GEMMs and expert kernel differ from bf16's.
-    for (file, dtype) in [
-        ("tiny-sparse.ron", None),
-        ("tiny-dense.ron", None),
-        ("glm5.ron", None),
-        ("glm5.ron", Some(DType::F32)),
+    // GLM-5 also in the f32 validation mode, whose GEMMs and expert kernels differ from bf16's;
+    // tiny-sparse also in bf16, whose prefill takes the tensor-core grouped GEMM at sizes the
+    // interpreter checks (GLM-5's are too large to cut out), and without `lower-moe`, which
+    // keeps the `moe.experts` baseline the lowered kernels replaced.
+    for (file, dtype, disabled) in [
+        ("tiny-sparse.ron", None, &[][..]),
+        ("tiny-sparse.ron", Some(DType::BF16), &[]),
+        ("tiny-sparse.ron", None, &["lower-moe"]),
+        ("tiny-dense.ron", None, &[]),
+        ("glm5.ron", None, &[]),
+        ("glm5.ron", Some(DType::F32), &[]),
     ] {
-        let module = model_in(file, dtype);
+        let module = model_in(file, dtype, disabled);
         let config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
         let file = match dtype {
             Some(d) => format!("{file} ({d})"),
             None => file.to_string(),
+        };
+        let file = match disabled {
+            [] => file,
+            _ => format!("{file} without {}", disabled.join(", ")),
         };
         for f in &module.functions {
             let lowered = lower_module(&module, dev.target, limits_for()).unwrap();
@@ -1111,5 +1189,206 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
         format!("[\n{}\n]\n", shapes.join(",\n")),
     )
     .unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `shape` of values a bf16 holds exactly, uniform in [−1, 1) times `scale`.
+fn random_bf16(rng: &mut Rng, shape: Vec<usize>, scale: f32) -> Tensor {
+    let count = shape.iter().product();
+    let data = (0..count)
+        .map(|_| bf16::from_f32((rng.uniform() * 2.0 - 1.0) * scale).to_f32())
+        .collect();
+    Tensor::f32(shape, data).unwrap()
+}
+
+/// The grouped expert GEMMs at GLM-5's shapes (hidden 6144, expert intermediate 2048, top-8 of
+/// 256 experts, bf16) as the lowering launches them: decode at 1, 8 and 64 tokens (the skinny
+/// kernel) and prefill at 67 tokens (the tensor-core kernel; a period that is no multiple of its
+/// tiles) against the interpreter, and prefill at 4096 tokens timed only, since the interpreter
+/// would take minutes. The routing is drawn over all 256 experts (8 distinct per token, uniform); only the
+/// experts that get rows are in the weight table, relabelled in id order, so a run moves what
+/// GLM-5's would (the active experts' weights, the same rows per expert) without 19 GiB of
+/// stacked weights. The table's experts cycle through 8 random ones (`repeat_rows`), so a
+/// kernel that picks the wrong expert still fails. At decode the `moe.experts` baseline of
+/// codegen II runs on the same table too, for comparison. Timed over 20 runs; written to
+/// `moe.md`.
+#[test]
+#[ignore = "gpu"]
+fn glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed() {
+    use glmc_ir::Dim;
+    const HIDDEN: usize = 6144;
+    const INTER: usize = 2048;
+    const EXPERTS: usize = 256;
+    const TOP_K: usize = 8;
+    let dev = Device::open();
+    let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut rng = Rng(0x6d6f65);
+    let limits = Limits {
+        max_prefill_tokens: 4096,
+        max_batch: 64,
+        max_context: 4096,
+    };
+    let mut report = format!(
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s\n\
+         | phase | tokens | active experts | op | kernel | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut failures = Vec::new();
+    for (phase, sym, tokens) in [
+        ("decode", "b", 1usize),
+        ("decode", "b", 8),
+        ("decode", "b", 64),
+        ("prefill", "s", 67),
+        ("prefill", "s", 4096),
+    ] {
+        let ids = route(&mut rng, tokens, TOP_K, EXPERTS);
+        let mut used = ids.clone();
+        used.sort_unstable();
+        used.dedup();
+        let relabelled: Vec<i64> = ids
+            .iter()
+            .map(|e| used.binary_search(e).unwrap() as i64)
+            .collect();
+        let active = used.len();
+        let (offsets, order, _) = sort_pairs(&relabelled, active);
+        let b = Bindings::from([(sym.into(), tokens as u64), ("t".into(), 4096)]);
+        let row = Dim::Sym(sym.into());
+        let (k, e) = (Dim::Const(TOP_K as u64), Dim::Const(active as u64));
+        let c_e1 = Dim::Const(active as u64 + 1);
+        let ty = |dtype, shape: Vec<Dim>| TensorType::new(dtype, shape);
+        let int = |shape: &[usize], data: Vec<i64>| Tensor::i64(shape.to_vec(), data).unwrap();
+        let offsets_t = int(&[active + 1], offsets);
+        let weight = |rng: &mut Rng, n: usize, kk: usize| {
+            repeat_rows(&random_bf16(rng, vec![8, n, kk], 0.02), 8, active)
+        };
+        let table = |n: usize, kk: usize| {
+            ty(
+                DType::BF16,
+                vec![e.clone(), Dim::Const(n as u64), Dim::Const(kk as u64)],
+            )
+        };
+        let hidden = |f: &mut Function, index| {
+            f.push_input(
+                index,
+                "x",
+                ty(DType::BF16, vec![row.clone(), Dim::Const(HIDDEN as u64)]),
+            )
+        };
+        // The baseline `moe.experts` (codegen II) reads each token's experts one token at a
+        // time; at prefill it would take seconds, so it is timed at decode only.
+        let ops: &[Op] = if phase == "decode" {
+            &[Op::MoeGateUp {}, Op::MoeDown {}, Op::MoeExperts {}]
+        } else {
+            &[Op::MoeGateUp {}, Op::MoeDown {}]
+        };
+        for op in ops {
+            let mut f = Function::new(phase);
+            let (operands, mut ins) = match op {
+                Op::MoeGateUp {} => {
+                    let x = hidden(&mut f, 0);
+                    let offsets_in = f.push_input(1, "offsets", ty(DType::I64, vec![c_e1.clone()]));
+                    let w0 = f.push_input(2, "w0", table(INTER, HIDDEN));
+                    let w1 = f.push_input(3, "w1", table(INTER, HIDDEN));
+                    let order_in =
+                        f.push_input(4, "order", ty(DType::I64, vec![row.clone(), k.clone()]));
+                    let ins = vec![
+                        random_bf16(&mut rng, vec![tokens, HIDDEN], 1.0),
+                        offsets_t.clone(),
+                        weight(&mut rng, INTER, HIDDEN),
+                        weight(&mut rng, INTER, HIDDEN),
+                        int(&[tokens, TOP_K], order.clone()),
+                    ];
+                    (vec![x, order_in, offsets_in, w0, w1], ins)
+                }
+                Op::MoeDown {} => {
+                    let h = f.push_input(
+                        0,
+                        "h",
+                        ty(
+                            DType::BF16,
+                            vec![row.clone(), k.clone(), Dim::Const(INTER as u64)],
+                        ),
+                    );
+                    let offsets_in = f.push_input(1, "offsets", ty(DType::I64, vec![c_e1.clone()]));
+                    let w0 = f.push_input(2, "w0", table(HIDDEN, INTER));
+                    let ins = vec![
+                        random_bf16(&mut rng, vec![tokens, TOP_K, INTER], 1.0),
+                        offsets_t.clone(),
+                        weight(&mut rng, HIDDEN, INTER),
+                    ];
+                    (vec![h, offsets_in, w0], ins)
+                }
+                _ => {
+                    let x = hidden(&mut f, 0);
+                    let w =
+                        f.push_input(1, "weights", ty(DType::F32, vec![row.clone(), k.clone()]));
+                    let ids_in =
+                        f.push_input(2, "ids", ty(DType::I64, vec![row.clone(), k.clone()]));
+                    let gate = f.push_input(3, "gate", table(INTER, HIDDEN));
+                    let up = f.push_input(4, "up", table(INTER, HIDDEN));
+                    let down = f.push_input(5, "down", table(HIDDEN, INTER));
+                    let weights = (0..tokens * TOP_K).map(|_| rng.uniform()).collect();
+                    let ins = vec![
+                        random_bf16(&mut rng, vec![tokens, HIDDEN], 1.0),
+                        Tensor::f32(vec![tokens, TOP_K], weights).unwrap(),
+                        int(&[tokens, TOP_K], relabelled.clone()),
+                        weight(&mut rng, INTER, HIDDEN),
+                        weight(&mut rng, INTER, HIDDEN),
+                        weight(&mut rng, HIDDEN, INTER),
+                    ];
+                    (vec![x, w, ids_in, gate, up, down], ins)
+                }
+            };
+            let node = f.push(op.clone(), op.name(), &operands).unwrap();
+            f.results.push(("out0".into(), node.into()));
+            let mut mm = Module::new("moe");
+            mm.functions.push(f.clone());
+            let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
+            let err = if tokens < 4096 {
+                let want = run_function(&mm, &f, &HashMap::new(), &mut [], &ins)
+                    .expect("the interpreter runs the expert op");
+                let at = &run.phase.results[0].1;
+                let gpu = gather(&bytes_of(&run, at), at, &b);
+                let reference: Vec<f64> = want[0]
+                    .as_f32()
+                    .unwrap()
+                    .iter()
+                    .map(|x| *x as f64)
+                    .collect();
+                match compare(&gpu, &reference, at.dtype) {
+                    Ok(e) => format!("{e:.1e}"),
+                    Err(why) => {
+                        failures.push(format!("{phase} {tokens} {}: {why}", op.name()));
+                        "FAIL".into()
+                    }
+                }
+            } else {
+                "timed only".into()
+            };
+            ins.clear();
+            let kernel = run
+                .phase
+                .launches()
+                .map(|l| l.kernel.clone())
+                .collect::<Vec<_>>()
+                .join(",");
+            let secs = run.seconds_per_run.unwrap();
+            let costs = glmc_codegen::cost::function_cost(&f, &b);
+            let moved: f64 = costs.iter().map(|c| c.cost.bytes).sum();
+            let flops: f64 = costs.iter().map(|c| c.cost.flops).sum();
+            let bound = (moved / (copy_gbs * 1e9)).max(flops / (MMA_SYNC_TFLOPS * 1e12));
+            let line = format!(
+                "| {phase} | {tokens} | {active} | {} | {kernel} | {err} | {:.1} | {:.0} | {:.1} | {:.1}% |",
+                op.name(),
+                secs * 1e6,
+                moved / secs / 1e9,
+                flops / secs / 1e12,
+                100.0 * bound / secs
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
+        }
+    }
+    print!("{report}");
+    std::fs::write(out_dir().join("moe.md"), &report).unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -461,3 +461,83 @@ fn experts_match_a_naive_swiglu_sum() {
     );
     assert_close(fv(&out[0]), &expected, 1e-5);
 }
+
+#[test]
+fn moe_sort_groups_pairs_by_expert_stably() {
+    // Pairs (t, j) → index 2t + j: experts 2,0 | 0,2 | 1,2.
+    let out = run_op_ok(
+        Op::MoeSort { experts: 4 },
+        vec![(i(&["n", "2"]), i64t(&[3, 2], vec![2, 0, 0, 2, 1, 2]))],
+    );
+    let iv = |t: &glmc_runtime::Tensor| t.as_i64().unwrap().to_vec();
+    assert_eq!(iv(&out[0]), [0, 2, 3, 6, 6]);
+    // Expert 0: pairs 1, 2; expert 1: pair 4; expert 2: pairs 0, 3, 5 (lowest pair first).
+    assert_eq!(iv(&out[1]), [1, 2, 4, 0, 3, 5]);
+    assert_eq!(iv(&out[2]), [3, 0, 1, 4, 2, 5]);
+}
+
+#[test]
+fn moe_sort_rejects_an_id_outside_the_experts() {
+    let err = run_op(
+        Op::MoeSort { experts: 4 },
+        vec![(i(&["n", "2"]), i64t(&[1, 2], vec![1, 4]))],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("expert 4 (row 0, slot 1)"), "{err}");
+}
+
+#[test]
+fn sort_gate_up_down_combine_equal_moe_experts() {
+    let (n, k, e, d, inter) = (5, 2, 4, 6, 3);
+    let mut rng = Rng(12);
+    let x = rng.vec(n * d, 1.0);
+    let w = rng.vec(n * k, 1.0);
+    let idx: Vec<i64> = vec![0, 3, 3, 0, 1, 3, 2, 0, 3, 2];
+    let gate = rng.vec(e * inter * d, 1.0);
+    let up = rng.vec(e * inter * d, 1.0);
+    let down = rng.vec(e * d * inter, 1.0);
+    let experts = run_op_ok(
+        Op::MoeExperts {},
+        vec![
+            (f(&["n", "6"]), f32t(&[n, d], x.clone())),
+            (f(&["n", "2"]), f32t(&[n, k], w.clone())),
+            (i(&["n", "2"]), i64t(&[n, k], idx.clone())),
+            (f(&["4", "3", "6"]), f32t(&[e, inter, d], gate.clone())),
+            (f(&["4", "3", "6"]), f32t(&[e, inter, d], up.clone())),
+            (f(&["4", "6", "3"]), f32t(&[e, d, inter], down.clone())),
+        ],
+    );
+    let sorted = run_op_ok(
+        Op::MoeSort { experts: 4 },
+        vec![(i(&["n", "2"]), i64t(&[n, k], idx))],
+    );
+    let h = run_op_ok(
+        Op::MoeGateUp {},
+        vec![
+            (f(&["n", "6"]), f32t(&[n, d], x)),
+            (i(&["n", "2"]), sorted[1].clone()),
+            (i(&["5"]), sorted[0].clone()),
+            (f(&["4", "3", "6"]), f32t(&[e, inter, d], gate)),
+            (f(&["4", "3", "6"]), f32t(&[e, inter, d], up)),
+        ],
+    );
+    let rows = run_op_ok(
+        Op::MoeDown {},
+        vec![
+            (f(&["n", "2", "3"]), h[0].clone()),
+            (i(&["5"]), sorted[0].clone()),
+            (f(&["4", "6", "3"]), f32t(&[e, d, inter], down)),
+        ],
+    );
+    let y = run_op_ok(
+        Op::MoeCombine { shared: false },
+        vec![
+            (f(&["n", "2", "6"]), rows[0].clone()),
+            (i(&["n", "2"]), sorted[2].clone()),
+            (f(&["n", "2"]), f32t(&[n, k], w)),
+        ],
+    );
+    let want: Vec<f64> = fv(&experts[0]).iter().map(|v| *v as f64).collect();
+    assert_close(fv(&y[0]), &want, 1e-6);
+}

@@ -194,3 +194,216 @@ pub(super) fn experts(
     }
     make(vec![n, d], y.into_iter().map(|v| v as f32).collect())
 }
+
+/// Checks that `idx [n,k]` holds expert ids below `ne`; the message names the first bad pair.
+fn check_ids(id: &[i64], k: usize, ne: usize) -> KResult<()> {
+    match id.iter().position(|&e| e < 0 || e as u64 >= ne as u64) {
+        Some(a) => Err(format!(
+            "expert {} (row {}, slot {}) is outside the {ne} experts",
+            id[a],
+            a / k.max(1),
+            a % k.max(1)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `moe.sort`: the counting sort of the (token, slot) pairs by expert, stable. Returns
+/// `(offsets [E+1], order [n,k], position [n,k])`.
+pub(super) fn sort(idx: &Tensor, ne: usize) -> KResult<(Tensor, Tensor, Tensor)> {
+    let id = i64s(idx, "experts")?;
+    rank(idx, "experts", 2)?;
+    check_ids(id, idx.shape()[1], ne)?;
+    let mut offsets = vec![0i64; ne + 1];
+    for &e in id {
+        offsets[e as usize + 1] += 1;
+    }
+    for e in 0..ne {
+        offsets[e + 1] += offsets[e];
+    }
+    let mut next = offsets.clone();
+    let (mut order, mut position) = (vec![0i64; id.len()], vec![0i64; id.len()]);
+    for (pair, &e) in id.iter().enumerate() {
+        let row = next[e as usize];
+        next[e as usize] += 1;
+        order[row as usize] = pair as i64;
+        position[pair] = row;
+    }
+    let shape = idx.shape().to_vec();
+    Ok((
+        make_i64(vec![ne + 1], offsets)?,
+        make_i64(shape.clone(), order)?,
+        make_i64(shape, position)?,
+    ))
+}
+
+/// The expert owning each routed row, from `offsets [E+1]`, checked to be a partition of the
+/// `rows` routed rows.
+fn owners(offsets: &Tensor, rows: usize) -> KResult<Vec<usize>> {
+    let off = i64s(offsets, "offsets")?;
+    rank(offsets, "offsets", 1)?;
+    let ok = off.first() == Some(&0)
+        && off.last() == Some(&(rows as i64))
+        && off.windows(2).all(|w| w[0] <= w[1]);
+    if !ok {
+        return Err(format!(
+            "offsets {off:?} do not split the {rows} routed rows among the experts"
+        ));
+    }
+    let mut owner = Vec::with_capacity(rows);
+    for (e, w) in off.windows(2).enumerate() {
+        owner.extend(std::iter::repeat_n(e, (w[1] - w[0]) as usize));
+    }
+    Ok(owner)
+}
+
+/// Runs `f(e, rows of e)` for each expert with routed rows, in parallel, and scatters its
+/// `[m, n]` result into the `[rows, n]` output at the expert's rows.
+fn per_expert(
+    owner: &[usize],
+    n: usize,
+    f: impl Fn(usize, std::ops::Range<usize>) -> Vec<f32> + Sync,
+) -> Vec<f32> {
+    let mut spans: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    for (r, &e) in owner.iter().enumerate() {
+        match spans.last_mut() {
+            Some((last, span)) if *last == e => span.end = r + 1,
+            _ => spans.push((e, r..r + 1)),
+        }
+    }
+    let outs: Vec<Vec<f32>> = spans
+        .par_iter()
+        .map(|(e, span)| f(*e, span.clone()))
+        .collect();
+    let mut y = vec![0f32; owner.len() * n];
+    for ((_, span), out) in spans.iter().zip(outs) {
+        y[span.start * n..span.end * n].copy_from_slice(&out);
+    }
+    y
+}
+
+/// `moe.gate_up`: `x [n,D]`, `order [n,k]`, `offsets [E+1]`, `gate/up [E,I,D]` → `[n,k,I]`.
+pub(super) fn gate_up(
+    x: &Tensor,
+    order: &Tensor,
+    offsets: &Tensor,
+    gate: &Tensor,
+    up: &Tensor,
+) -> KResult<Tensor> {
+    let (xd, od) = (f32s(x, "x")?, i64s(order, "order")?);
+    let (gd, ud) = (f32s(gate, "gate")?, f32s(up, "up")?);
+    rank(x, "x", 2)?;
+    rank(order, "order", 2)?;
+    rank(gate, "gate", 3)?;
+    let (n, d) = (x.shape()[0], x.shape()[1]);
+    let (k, pairs) = (order.shape()[1], od.len());
+    let (ne, inter) = (gate.shape()[0], gate.shape()[1]);
+    if order.shape()[0] != n || gate.shape()[2] != d || up.shape() != gate.shape() {
+        return Err(format!(
+            "x {:?}, order {:?}, gate {:?}, up {:?} do not fit",
+            x.shape(),
+            order.shape(),
+            gate.shape(),
+            up.shape()
+        ));
+    }
+    if let Some(r) = od.iter().position(|&p| p < 0 || p as usize >= pairs) {
+        return Err(format!(
+            "order[{r}] = {} is not one of the {pairs} pairs",
+            od[r]
+        ));
+    }
+    if offsets.shape() != [ne + 1] {
+        return Err(format!("offsets {:?} for {ne} experts", offsets.shape()));
+    }
+    let owner = owners(offsets, pairs)?;
+    let gsz = inter * d;
+    let y = per_expert(&owner, inter, |e, span| {
+        let mut xe = Vec::with_capacity(span.len() * d);
+        for r in span.clone() {
+            let t = od[r] as usize / k;
+            xe.extend_from_slice(&xd[t * d..(t + 1) * d]);
+        }
+        let m = span.len();
+        let g = linear(&xe, m, d, &gd[e * gsz..(e + 1) * gsz], inter);
+        let u = linear(&xe, m, d, &ud[e * gsz..(e + 1) * gsz], inter);
+        g.iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                let g = g as f64;
+                (g / (1.0 + (-g).exp()) * u as f64) as f32
+            })
+            .collect()
+    });
+    make(vec![n, k, inter], y)
+}
+
+/// `moe.down`: `h [n,k,I]` (routed rows), `offsets [E+1]`, `down [E,D,I]` → `[n,k,D]`.
+pub(super) fn down(h: &Tensor, offsets: &Tensor, down: &Tensor) -> KResult<Tensor> {
+    let (hd, dd) = (f32s(h, "h")?, f32s(down, "down")?);
+    rank(h, "h", 3)?;
+    rank(down, "down", 3)?;
+    let (n, k, inter) = (h.shape()[0], h.shape()[1], h.shape()[2]);
+    let (ne, d) = (down.shape()[0], down.shape()[1]);
+    if down.shape()[2] != inter || offsets.shape() != [ne + 1] {
+        return Err(format!(
+            "h {:?}, offsets {:?}, down {:?} do not fit",
+            h.shape(),
+            offsets.shape(),
+            down.shape()
+        ));
+    }
+    let owner = owners(offsets, n * k)?;
+    let dsz = d * inter;
+    let y = per_expert(&owner, d, |e, span| {
+        let rows = &hd[span.start * inter..span.end * inter];
+        linear(rows, span.len(), inter, &dd[e * dsz..(e + 1) * dsz], d)
+    });
+    make(vec![n, k, d], y)
+}
+
+/// `moe.combine`: `y[t] = Σ_j weights[t,j] · rows[position[t,j]] (+ shared[t])`, in f64, slot
+/// order.
+pub(super) fn combine(
+    rows: &Tensor,
+    position: &Tensor,
+    weights: &Tensor,
+    shared: Option<&Tensor>,
+) -> KResult<Tensor> {
+    let (rd, pd, wd) = (
+        f32s(rows, "rows")?,
+        i64s(position, "position")?,
+        f32s(weights, "weights")?,
+    );
+    rank(rows, "rows", 3)?;
+    let (n, k, d) = (rows.shape()[0], rows.shape()[1], rows.shape()[2]);
+    if position.shape() != [n, k] || weights.shape() != [n, k] {
+        return Err(format!(
+            "position {:?} and weights {:?} must be [{n}, {k}]",
+            position.shape(),
+            weights.shape()
+        ));
+    }
+    if let Some(a) = pd.iter().position(|&p| p < 0 || p as usize >= n * k) {
+        return Err(format!("position[{a}] = {} is not a routed row", pd[a]));
+    }
+    let sd = match shared {
+        Some(s) if s.shape() != [n, d] => {
+            return Err(format!("shared {:?} must be [{n}, {d}]", s.shape()))
+        }
+        Some(s) => Some(f32s(s, "shared")?),
+        None => None,
+    };
+    let mut y = vec![0f32; n * d];
+    y.par_chunks_mut(d.max(1)).enumerate().for_each(|(t, out)| {
+        for (c, o) in out.iter_mut().enumerate() {
+            let mut acc = sd.map_or(0.0, |s| s[t * d + c] as f64);
+            for j in 0..k {
+                let r = pd[t * k + j] as usize;
+                acc += wd[t * k + j] as f64 * rd[r * d + c] as f64;
+            }
+            *o = acc as f32;
+        }
+    });
+    make(vec![n, d], y)
+}
