@@ -113,3 +113,55 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
 // The dynamic shared memory of the kernels that take more than 48 KiB; one declaration, since
 // every kernel in this file shares the name.
 extern __shared__ __align__(16) unsigned char dynamic_smem[];
+
+// The main loop of the tiled tensor-core GEMMs (gemm_mma, moe_gemm_mma): `steps` K steps of 32
+// through a STAGES-deep cp.async ring, where `load(stage, k0)` issues one stage's copies of the
+// x tile into sx[stage] and the weight tile into sw[stage] (rows LDS elements apart), and the
+// warp at (wm, wn) multiplies each landed stage into its MI × NI m16n8 accumulator tiles. The
+// 8-element row pad (LDS = 40, 80-byte rows) puts the eight 16-byte rows an ldmatrix phase
+// reads on distinct banks.
+template <int BM, int BN, int STAGES, int MI, int NI, typename Load>
+__device__ __forceinline__ void mma_mainloop(float (&acc)[MI][NI][4], const bf16* sx, const bf16* sw,
+                                             int steps, int wm, int wn, int lane, Load&& load) {
+    constexpr int BK = 32, LDS = BK + 8;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < steps) load(s, s * BK);
+        cp_async_commit();
+    }
+    for (int s = 0; s < steps; ++s) {
+        cp_async_wait<STAGES - 2>();
+        // Tile s has landed for every thread, and every warp is done with tile s - 1, whose
+        // stage the next copy overwrites.
+        __syncthreads();
+        if (s + STAGES - 1 < steps) load((s + STAGES - 1) % STAGES, (s + STAGES - 1) * BK);
+        cp_async_commit();
+        const bf16* tx = sx + (s % STAGES) * BM * LDS;
+        const bf16* tw = sw + (s % STAGES) * BN * LDS;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            // A: lanes 0-15 address rows 0-15 at k, lanes 16-31 the same rows at k + 8 (a0..a3).
+            // B: each x4 holds (b0, b1) of two 8-column tiles: lanes 0-7 columns 0-7 at k, 8-15
+            // the same at k + 8, 16-31 columns 8-15.
+            unsigned a[MI][4], bq[NI / 2][4];
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+                ldmatrix_x4(a[mi], tx + (wm * MI * 16 + mi * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int nj = 0; nj < NI / 2; ++nj)
+                ldmatrix_x4(bq[nj], tw + (wn * NI * 8 + nj * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk
+                                        + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni)
+                    mma_bf16(acc[mi][ni], a[mi], bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
+        }
+    }
+}

@@ -6,9 +6,9 @@
     // tiles read shared memory less per MMA, the bound of this kernel). K moves in steps of 32
     // through a {{ stages }}-stage cp.async ring in dynamic shared memory,
     // {{ stages }} × ({{ bm }} + {{ bn }}) × 40 bf16 (held to SM120's 99 KiB): the next tiles are in flight
-    // while one is multiplied. The 8-element row pad (80-byte rows) puts the eight 16-byte rows an
-    // ldmatrix phase reads on distinct banks. Rows past `rows` and columns past N are zero-filled
-    // on the way in and skipped on the way out; K is a multiple of 8 (16-byte copies).
+    // while one is multiplied (mma_mainloop in common.cuh). Rows past `rows` and columns past N
+    // are zero-filled on the way in and skipped on the way out; K is a multiple of 8 (16-byte
+    // copies).
     constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = 32, LDS = BK + 8, STAGES = {{ stages }};
     constexpr int THREADS = 256, WARPS_M = {{ warps_m }}, WARPS_N = {{ warps_n }};
     constexpr int MI = BM / WARPS_M / 16, NI = BN / WARPS_N / 8;
@@ -60,47 +60,7 @@
     };
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < STEPS) load(s, s * BK);
-        cp_async_commit();
-    }
-    for (int s = 0; s < STEPS; ++s) {
-        cp_async_wait<STAGES - 2>();
-        // Tile s has landed for every thread, and every warp is done with tile s - 1, whose
-        // stage the next copy overwrites.
-        __syncthreads();
-        if (s + STAGES - 1 < STEPS) load((s + STAGES - 1) % STAGES, (s + STAGES - 1) * BK);
-        cp_async_commit();
-        const bf16* tx = sx + (s % STAGES) * BM * LDS;
-        const bf16* tw = sw + (s % STAGES) * BN * LDS;
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            // A: lanes 0-15 address rows 0-15 at k, lanes 16-31 the same rows at k + 8 (a0..a3).
-            // B: each x4 holds (b0, b1) of two 8-column tiles: lanes 0-7 columns 0-7 at k, 8-15
-            // the same at k + 8, 16-31 columns 8-15.
-            unsigned a[MI][4], bq[NI / 2][4];
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-                ldmatrix_x4(a[mi], tx + (wm * MI * 16 + mi * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
-#pragma unroll
-            for (int nj = 0; nj < NI / 2; ++nj)
-                ldmatrix_x4(bq[nj], tw + (wn * NI * 8 + nj * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk
-                                        + ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < NI; ++ni)
-                    mma_bf16(acc[mi][ni], a[mi], bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
-        }
-    }
+    mma_mainloop<BM, BN, STAGES, MI, NI>(acc, sx, sw, STEPS, wm, wn, lane, load);
 
     // Accumulator e of an 8-column tile is row g + (e / 2) * 8, column t4 * 2 + e % 2.
 #pragma unroll

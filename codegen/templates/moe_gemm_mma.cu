@@ -110,44 +110,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     };
 
     float acc[2][8][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < STEPS) load(s, s * BK);
-        cp_async_commit();
-    }
-    for (int s = 0; s < STEPS; ++s) {
-        cp_async_wait<STAGES - 2>();
-        // Tile s has landed for every thread, and every warp is done with tile s - 1, whose
-        // stage the next copy overwrites.
-        __syncthreads();
-        if (s + STAGES - 1 < STEPS) load((s + STAGES - 1) % STAGES, (s + STAGES - 1) * BK);
-        cp_async_commit();
-        const bf16* tx = sx + (s % STAGES) * BM * LDS;
-        const bf16* tw = sw + (s % STAGES) * BN * LDS;
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            unsigned a[2][4], bq[4][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-                ldmatrix_x4(a[mi], tx + (wm * 32 + mi * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
-#pragma unroll
-            for (int nj = 0; nj < 4; ++nj)
-                ldmatrix_x4(bq[nj], tw + (wn * 64 + nj * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk
-                                        + ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < 8; ++ni)
-                    mma_bf16(acc[mi][ni], a[mi], bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
-        }
-    }
+    mma_mainloop<BM, BN, STAGES, 2, 8>(acc, sx, sw, STEPS, wm, wn, lane, load);
 
     // Accumulator q of an 8-column tile is row g + (q / 2) * 8, column t4 * 2 + q % 2.
 #pragma unroll

@@ -949,16 +949,12 @@ fn kernel_bandwidth_at_glm5_sizes() {
             mm.functions.push(mini.clone());
             let ins = inputs(&mini, &b, &mut rng, 154_880, 4096);
             let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
-            // The bytes the op must move (the cost model's count: e.g. only the experts the
-            // tokens select), so the fraction is of a real roofline.
-            let costs = glmc_codegen::cost::function_cost(&mini, &b);
-            let moved: f64 = costs.iter().map(|c| c.cost.bytes).sum();
-            let flops: f64 = costs.iter().map(|c| c.cost.flops).sum();
-            let secs = run.seconds_per_run.unwrap();
-            // The roofline of the op: its bytes at the copy bandwidth measured here, or its
-            // FLOPs at the mma.sync rate measured on this machine (TOOLCHAIN.md), whichever is
-            // longer.
-            let bound = (moved / (copy_gbs * 1e9)).max(flops / (MMA_SYNC_TFLOPS * 1e12));
+            let Timed {
+                secs,
+                moved,
+                flops,
+                bound,
+            } = timed(&run, &mini, &b, copy_gbs);
             writeln!(
                 report,
                 "| {} | {} | {} | {} | {:.1} MB | {:.2} | {:.1} | {:.0} | {:.1} | {:.1}% |",
@@ -978,6 +974,29 @@ fn kernel_bandwidth_at_glm5_sizes() {
     }
     print!("{report}");
     std::fs::write(out_dir().join("bandwidth.md"), report).unwrap();
+}
+
+/// A timed run against its roofline: the bytes the op must move and its FLOPs (the cost model's
+/// counts, e.g. only the experts the tokens select), and the roofline time, its bytes at the
+/// copy bandwidth measured in the run or its FLOPs at the mma.sync rate measured on this machine
+/// (TOOLCHAIN.md), whichever is longer.
+struct Timed {
+    secs: f64,
+    moved: f64,
+    flops: f64,
+    bound: f64,
+}
+
+fn timed(run: &Run, f: &Function, b: &Bindings, copy_gbs: f64) -> Timed {
+    let costs = glmc_codegen::cost::function_cost(f, b);
+    let moved: f64 = costs.iter().map(|c| c.cost.bytes).sum();
+    let flops: f64 = costs.iter().map(|c| c.cost.flops).sum();
+    Timed {
+        secs: run.seconds_per_run.expect("a timed run"),
+        moved,
+        flops,
+        bound: (moved / (copy_gbs * 1e9)).max(flops / (MMA_SYNC_TFLOPS * 1e12)),
+    }
 }
 
 /// bf16 `mma.sync` m16n8k16 from registers on an H200, measured 2026-11-30 (TOOLCHAIN.md): the
@@ -1139,17 +1158,13 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
                         (Err(e), _) | (_, Err(e)) => Err(e),
                     };
                 }
-                let kernel = run
-                    .phase
-                    .launches()
-                    .map(|l| l.kernel.clone())
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let secs = run.seconds_per_run.unwrap();
-                let costs = glmc_codegen::cost::function_cost(&mini, &b);
-                let moved: f64 = costs.iter().map(|c| c.cost.bytes).sum();
-                let flops: f64 = costs.iter().map(|c| c.cost.flops).sum();
-                let bound = (moved / (copy_gbs * 1e9)).max(flops / (MMA_SYNC_TFLOPS * 1e12));
+                let kernel = launched(&run.phase, &b).join(",");
+                let Timed {
+                    secs,
+                    moved,
+                    flops,
+                    bound,
+                } = timed(&run, &mini, &b, copy_gbs);
                 let err = match &worst {
                     Ok(e) => format!("{e:.1e}"),
                     Err(e) => {
@@ -1365,17 +1380,13 @@ fn glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed() {
                 "timed only".into()
             };
             ins.clear();
-            let kernel = run
-                .phase
-                .launches()
-                .map(|l| l.kernel.clone())
-                .collect::<Vec<_>>()
-                .join(",");
-            let secs = run.seconds_per_run.unwrap();
-            let costs = glmc_codegen::cost::function_cost(&f, &b);
-            let moved: f64 = costs.iter().map(|c| c.cost.bytes).sum();
-            let flops: f64 = costs.iter().map(|c| c.cost.flops).sum();
-            let bound = (moved / (copy_gbs * 1e9)).max(flops / (MMA_SYNC_TFLOPS * 1e12));
+            let kernel = launched(&run.phase, &b).join(",");
+            let Timed {
+                secs,
+                moved,
+                flops,
+                bound,
+            } = timed(&run, &f, &b, copy_gbs);
             let line = format!(
                 "| {phase} | {tokens} | {active} | {} | {kernel} | {err} | {:.1} | {:.0} | {:.1} | {:.1}% |",
                 op.name(),
