@@ -949,25 +949,17 @@ fn kernel_bandwidth_at_glm5_sizes() {
             mm.functions.push(mini.clone());
             let ins = inputs(&mini, &b, &mut rng, 154_880, 4096);
             let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
-            let Timed {
-                secs,
-                moved,
-                flops,
-                bound,
-            } = timed(&run, &mini, &b, copy_gbs);
+            let t = timed(&run, &mini, &b, copy_gbs);
             writeln!(
                 report,
-                "| {} | {} | {} | {} | {:.1} MB | {:.2} | {:.1} | {:.0} | {:.1} | {:.1}% |",
+                "| {} | {} | {} | {} | {:.1} MB | {:.2} | {} |",
                 f.name,
                 l.op,
                 l.node,
                 l.kernel,
-                moved / 1e6,
-                flops / 1e9,
-                secs * 1e6,
-                moved / secs / 1e9,
-                flops / secs / 1e12,
-                100.0 * bound / secs
+                t.moved / 1e6,
+                t.flops / 1e9,
+                t.cells()
             )
             .unwrap();
         }
@@ -985,6 +977,19 @@ struct Timed {
     moved: f64,
     flops: f64,
     bound: f64,
+}
+
+impl Timed {
+    /// `time (us) | GB/s | TFLOP/s | of roofline`, as the tables print them.
+    fn cells(&self) -> String {
+        format!(
+            "{:.1} | {:.0} | {:.1} | {:.1}%",
+            self.secs * 1e6,
+            self.moved / self.secs / 1e9,
+            self.flops / self.secs / 1e12,
+            100.0 * self.bound / self.secs
+        )
+    }
 }
 
 fn timed(run: &Run, f: &Function, b: &Bindings, copy_gbs: f64) -> Timed {
@@ -1159,12 +1164,7 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
                     };
                 }
                 let kernel = launched(&run.phase, &b).join(",");
-                let Timed {
-                    secs,
-                    moved,
-                    flops,
-                    bound,
-                } = timed(&run, &mini, &b, copy_gbs);
+                let t = timed(&run, &mini, &b, copy_gbs);
                 let err = match &worst {
                     Ok(e) => format!("{e:.1e}"),
                     Err(e) => {
@@ -1173,23 +1173,22 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
                     }
                 };
                 let line = format!(
-                    "| {} | {rows} | {} | {} | {kernel} | {heads} × {n_cols} × {k} | {err} | {:.1} | {:.0} | {:.1} | {:.1}% |",
+                    "| {} | {rows} | {} | {} | {kernel} | {heads} × {n_cols} × {k} | {err} | {} |",
                     f.name,
                     l.op,
                     l.node,
-                    secs * 1e6,
-                    moved / secs / 1e9,
-                    flops / secs / 1e12,
-                    100.0 * bound / secs
+                    t.cells()
                 );
                 println!("{line}");
                 writeln!(report, "{line}").unwrap();
                 shapes.push(format!(
-                    "{{\"phase\": \"{}\", \"node\": \"{}\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"{}\", \"glmc_us\": {:.3}, \"bytes\": {moved}, \"flops\": {flops}}}",
+                    "{{\"phase\": \"{}\", \"node\": \"{}\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"{}\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}}}",
                     f.name,
                     l.node,
                     w.dtype.name(),
-                    secs * 1e6
+                    t.secs * 1e6,
+                    t.moved,
+                    t.flops
                 ));
                 if rows == 67 {
                     last = Some((rows, ins, want));
@@ -1381,19 +1380,10 @@ fn glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed() {
             };
             ins.clear();
             let kernel = launched(&run.phase, &b).join(",");
-            let Timed {
-                secs,
-                moved,
-                flops,
-                bound,
-            } = timed(&run, &f, &b, copy_gbs);
             let line = format!(
-                "| {phase} | {tokens} | {active} | {} | {kernel} | {err} | {:.1} | {:.0} | {:.1} | {:.1}% |",
+                "| {phase} | {tokens} | {active} | {} | {kernel} | {err} | {} |",
                 op.name(),
-                secs * 1e6,
-                moved / secs / 1e9,
-                flops / secs / 1e12,
-                100.0 * bound / secs
+                timed(&run, &f, &b, copy_gbs).cells()
             );
             println!("{line}");
             writeln!(report, "{line}").unwrap();

@@ -5,7 +5,10 @@
 //! to the host); and the GPU memory prediction refuses GLM-5 and accepts the 4-layer slice on an
 //! H200.
 
+mod support;
+
 use std::path::PathBuf;
+use support::by_tensor_ops;
 
 use glmc_codegen::artifact::Manifest;
 use glmc_codegen::{lower_module, nvcc, Limits, Target};
@@ -14,7 +17,7 @@ use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, PipelineOptions};
 use glmc_runtime::cuda::{random_fill, DeviceBytes};
 use glmc_runtime::random_weights::{pieces, Scale};
-use glmc_runtime::{RandomWeights, Tensor};
+use glmc_runtime::RandomWeights;
 use half::bf16;
 
 /// The definition of the module doc, written out again from its text.
@@ -149,43 +152,6 @@ fn values_are_rounded_to_the_stored_dtype() {
     assert_eq!(m, rounded);
 }
 
-/// The recipe applied to whole generated tensors with the tensor operations, as a checkpoint
-/// loader would.
-fn by_tensor_ops(w: &RandomWeights, r: &Recipe) -> Tensor {
-    let u = |d: &[u64]| d.iter().map(|&x| x as usize).collect::<Vec<_>>();
-    match r {
-        Recipe::Tensor { name, shape } => w.leaf(name, shape),
-        Recipe::Stack {
-            pattern,
-            count,
-            shape,
-        } => Tensor::stack(
-            &(0..*count)
-                .map(|e| w.leaf(&Recipe::stack_member(pattern, e), shape))
-                .collect::<Vec<_>>(),
-        )
-        .unwrap(),
-        Recipe::Slice {
-            src,
-            axis,
-            start,
-            end,
-        } => by_tensor_ops(w, src)
-            .slice(*axis as usize, *start as usize, *end as usize)
-            .unwrap(),
-        Recipe::Concat { axis, parts } => Tensor::concat(
-            *axis as usize,
-            &parts
-                .iter()
-                .map(|p| by_tensor_ops(w, p))
-                .collect::<Vec<_>>(),
-        )
-        .unwrap(),
-        Recipe::Reshape { src, shape } => by_tensor_ops(w, src).reshape(u(shape)).unwrap(),
-        Recipe::Transpose { src, perm } => by_tensor_ops(w, src).transpose(&u(perm)).unwrap(),
-    }
-}
-
 fn t(name: &str, shape: &[u64]) -> Recipe {
     Recipe::tensor(name, shape.to_vec())
 }
@@ -241,14 +207,21 @@ fn weights_made_in_place_equal_the_recipe_applied_to_the_tensors() {
     for (what, recipe) in direct {
         assert!(pieces(&recipe).is_some(), "{what}: no pieces");
         let made = w.materialize(&recipe).unwrap();
-        assert_eq!(made, by_tensor_ops(&w, &recipe), "{what}");
+        assert_eq!(
+            made,
+            by_tensor_ops(&|n, sh| w.leaf(n, sh), &recipe),
+            "{what}"
+        );
     }
     // A transpose then a merging reshape is no box: it is evaluated whole, with the same result.
     let whole = t("l.d.weight", &[3, 4])
         .transpose(vec![1, 0])
         .reshape(vec![12]);
     assert!(pieces(&whole).is_none());
-    assert_eq!(w.materialize(&whole).unwrap(), by_tensor_ops(&w, &whole));
+    assert_eq!(
+        w.materialize(&whole).unwrap(),
+        by_tensor_ops(&|n, sh| w.leaf(n, sh), &whole)
+    );
 }
 
 fn repo() -> PathBuf {

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 
 use glmc_ir::{DType, Module, Op, Recipe};
 use glmc_passes::{partition, pipeline, PipelineOptions};
-use glmc_runtime::{Checkpoint, Tensor};
+use glmc_runtime::Checkpoint;
+
+mod support;
+
+use support::by_tensor_ops;
 
 fn fixture(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -38,29 +42,6 @@ fn weights(m: &Module) -> BTreeMap<String, Recipe> {
         .collect()
 }
 
-/// The recipe applied with tensor operations to whole tensors: the reference the partial
-/// reads are held to.
-fn whole(ckpt: &Checkpoint, recipe: &Recipe) -> Tensor {
-    let u = |v: &[u64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
-    match recipe {
-        Recipe::Tensor { .. } | Recipe::Stack { .. } => ckpt.materialize(recipe).unwrap(),
-        Recipe::Slice {
-            src,
-            axis,
-            start,
-            end,
-        } => whole(ckpt, src)
-            .slice(*axis as usize, *start as usize, *end as usize)
-            .unwrap(),
-        Recipe::Concat { axis, parts } => {
-            let parts: Vec<Tensor> = parts.iter().map(|p| whole(ckpt, p)).collect();
-            Tensor::concat(*axis as usize, &parts).unwrap()
-        }
-        Recipe::Reshape { src, shape } => whole(ckpt, src).reshape(u(shape)).unwrap(),
-        Recipe::Transpose { src, perm } => whole(ckpt, src).transpose(&u(perm)).unwrap(),
-    }
-}
-
 /// At TP=3 on the six-heads fixture, each rank's weights read exactly their own elements from
 /// the checkpoint (a sharded q_b_proj a third of the tensor, a replicated norm all of it), so
 /// a rank's bytes are a fraction of the whole; and what it reads is the whole tensor's slice.
@@ -90,7 +71,14 @@ fn a_tensor_parallel_rank_reads_only_its_slices() {
                 t.numel() as u64 * stored,
                 "rank {rank}: {name} read {read} bytes"
             );
-            let want = whole(&reference, &recipe);
+            let want = by_tensor_ops(
+                &|name, shape| {
+                    reference
+                        .materialize(&Recipe::tensor(name, shape.to_vec()))
+                        .unwrap()
+                },
+                &recipe,
+            );
             assert_eq!(t.shape(), want.shape(), "rank {rank}: {name}");
             assert_eq!(
                 t.as_f32().unwrap(),
