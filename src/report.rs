@@ -175,18 +175,23 @@ fn schedule_summary(out: &mut String, lowered: &Lowered) -> std::fmt::Result {
     )?;
     for p in &lowered.phases {
         let count = |f: fn(&Step) -> bool| p.steps.iter().filter(|s| f(s)).count();
-        // Guarded launches come in pairs, one kernel for few rows and one for many; one runs.
-        let paired = count(|s| matches!(s, Step::Launch(l) if l.when.is_some())) / 2;
-        let picks = match paired {
+        // A node with guarded alternatives runs one of them a step.
+        let guarded: std::collections::BTreeSet<&str> = p
+            .launches()
+            .filter(|l| l.when.is_some())
+            .map(|l| l.node.as_str())
+            .collect();
+        let alternatives = count(|s| matches!(s, Step::Launch(l) if l.when.is_some()));
+        let picks = match guarded.len() {
             0 => String::new(),
-            n => format!("; {n} of them pick one of two kernels by row count"),
+            n => format!("; {n} of them pick their kernel by row count"),
         };
         writeln!(
             out,
             "  @{}: arena {}, {} launches a step (copies included{picks}), {} views, {} ops not lowered yet",
             p.function,
             human_bytes(p.arena_bytes),
-            count(|s| matches!(s, Step::Launch(_))) - paired,
+            count(|s| matches!(s, Step::Launch(_))) - alternatives + guarded.len(),
             count(|s| matches!(s, Step::View { .. })),
             count(|s| matches!(s, Step::Missing { .. })),
         )?;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use glmc_codegen::artifact::{Manifest, MANIFEST_VERSION};
-use glmc_codegen::{lower_module, nvcc, render, Limits, Target};
+use glmc_codegen::{nvcc, Limits, Target};
 use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::AttentionChoice;
@@ -307,35 +307,25 @@ fn cuda_executor(
         max_batch: 1,
         max_context: context as u64,
     };
-    let lowered = lower_module(&built.module, target, limits)?;
-    let manifest = Manifest::new(
+    let compiled = glmc_runtime::cuda::compile(
         &built.module,
-        built.config.dtype,
-        &lowered,
-        Vec::new(),
         &built.config,
-    );
-    if !manifest.complete {
-        bail!(
-            "{} cannot run on the GPU yet: glmc has no kernels for {} (they land with the next codegen issues); use --device cpu",
-            built.module.name,
-            manifest.missing_ops.join(", ")
-        );
-    }
-    let compiler = nvcc::find(args.nvcc.as_deref())?.ok_or_else(|| {
-        anyhow::anyhow!(
-            "--device cuda compiles kernels for this GPU and found no CUDA compiler: pass --nvcc PATH, set GLMC_NVCC, or put nvcc on PATH (scripts/cuda-toolchain.sh installs the pinned nvcc 13.0)"
-        )
-    })?;
-    let source = render::render(&lowered.kernels)?;
-    let cache = nvcc::default_cache_dir();
-    let compiled = nvcc::compile(&compiler, &source, target, cache.as_deref())?;
+        built.config.dtype,
+        target,
+        limits,
+        args.nvcc.as_deref(),
+    )?;
     Ok(match weights {
-        Weights::Checkpoint(c) => CudaExecutor::load(&manifest, &compiled.cubin, c)?,
+        Weights::Checkpoint(c) => CudaExecutor::load(&compiled.manifest, &compiled.cubin, c)?,
         Weights::Random(r) => {
-            let generator =
-                nvcc::compile(&compiler, random_fill::SOURCE, target, cache.as_deref())?;
-            CudaExecutor::load_random(&manifest, &compiled.cubin, r, &generator.cubin)?
+            let cache = nvcc::default_cache_dir();
+            let generator = nvcc::compile(
+                &compiled.compiler,
+                random_fill::SOURCE,
+                target,
+                cache.as_deref(),
+            )?;
+            CudaExecutor::load_random(&compiled.manifest, &compiled.cubin, r, &generator.cubin)?
         }
     })
 }

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use glmc_ir::Dim;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-pub use glmc_passes::plan_memory::Bindings;
+pub use glmc_passes::plan_memory::{decode_bindings, prefill_bindings, Bindings};
 
 /// `Σ coef · Π symbols`, kept normalised (no zero terms, symbols of a term sorted), so two equal
 /// polynomials compare equal. It is written as text in the manifest (`2*s*t + 64`).

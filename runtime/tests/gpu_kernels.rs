@@ -534,6 +534,11 @@ fn sort_pairs(ids: &[i64], experts: usize) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
     (offsets, order, position)
 }
 
+/// The interpreter's outputs of `f` (weights and caches none: a cut's are its inputs).
+fn interpret(m: &Module, f: &Function, ins: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    run_function(m, f, &HashMap::new(), &mut [], ins).map_err(|e| format!("interpreter: {e}"))
+}
+
 /// Checks one node: GPU vs interpreter (or, for `cache.update`, the rows written).
 fn check_node(
     dev: &Device,
@@ -572,14 +577,7 @@ fn check_node(
         let operand = views.operands(last)[0];
         views.graph.remove_node(last);
         views.results = vec![("new".into(), operand)];
-        let new_rows = run_function(
-            &mini_module,
-            &views,
-            &std::collections::HashMap::new(),
-            &mut [],
-            &ins,
-        )
-        .map_err(|e| format!("interpreter: {e}"))?;
+        let new_rows = interpret(&mini_module, &views, &ins)?;
         let new = new_rows[0].as_f32().unwrap();
         let pos = ins[input_of_operand(&mini, 1)].as_i64().unwrap();
         let row = new.len() / pos.len();
@@ -609,14 +607,7 @@ fn check_node(
             kernels.join(",")
         ));
     }
-    let reference = run_function(
-        &mini_module,
-        &mini,
-        &std::collections::HashMap::new(),
-        &mut [],
-        &ins,
-    )
-    .map_err(|e| format!("interpreter: {e}"))?;
+    let reference = interpret(&mini_module, &mini, &ins)?;
     let mut worst = 0f64;
     for ((_, at), r) in run.phase.results.iter().zip(&reference) {
         let gpu = gather(&bytes_of(&run, at), at, &b);
@@ -1147,8 +1138,7 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
                     }
                     _ => {
                         let ins = inputs(&mini, &b, &mut rng, 154_880, 4096);
-                        let want = run_function(&mm, &mini, &HashMap::new(), &mut [], &ins)
-                            .expect("the interpreter runs the GEMM");
+                        let want = interpret(&mm, &mini, &ins).unwrap();
                         (ins, want)
                     }
                 };
@@ -1358,8 +1348,7 @@ fn glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed() {
             mm.functions.push(f.clone());
             let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
             let err = if tokens < 4096 {
-                let want = run_function(&mm, &f, &HashMap::new(), &mut [], &ins)
-                    .expect("the interpreter runs the expert op");
+                let want = interpret(&mm, &f, &ins).unwrap();
                 let at = &run.phase.results[0].1;
                 let gpu = gather(&bytes_of(&run, at), at, &b);
                 let reference: Vec<f64> = want[0]

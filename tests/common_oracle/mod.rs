@@ -511,7 +511,7 @@ pub fn cuda_generator<'a>(
     max_prefill: u64,
     context: u64,
 ) -> glmc_runtime::Generator<'a> {
-    use glmc_codegen::{artifact::Manifest, lower_module, nvcc, render, Limits, Target};
+    use glmc_codegen::{Limits, Target};
     let gpu = glmc_runtime::cuda::Gpu::open(0).expect("a GPU");
     let (major, minor) = gpu.compute_capability().expect("its compute capability");
     let target = Target::for_gpu(major, minor).expect("a GPU glmc compiles for");
@@ -520,28 +520,12 @@ pub fn cuda_generator<'a>(
         max_batch: 1,
         max_context: context,
     };
-    let lowered = lower_module(module, target, limits).expect("the module lowers");
     let config = glmc_models::import_hf(dir)
         .expect("the fixture's config")
         .config;
-    let manifest = Manifest::new(module, config.dtype, &lowered, Vec::new(), &config);
-    assert!(
-        manifest.complete,
-        "missing kernels: {:?}",
-        manifest.missing_ops
-    );
-    let compiler = nvcc::find(None)
-        .expect("a usable nvcc setting")
-        .expect("nvcc on PATH or $GLMC_NVCC");
-    let source = render::render(&lowered.kernels).expect("the kernels render");
-    let compiled = nvcc::compile(
-        &compiler,
-        &source,
-        target,
-        nvcc::default_cache_dir().as_deref(),
-    )
-    .expect("the kernels compile");
-    let exec = glmc_runtime::cuda::CudaExecutor::load(&manifest, &compiled.cubin, weights)
+    let compiled = glmc_runtime::cuda::compile(module, &config, config.dtype, target, limits, None)
+        .expect("the model compiles for this GPU");
+    let exec = glmc_runtime::cuda::CudaExecutor::load(&compiled.manifest, &compiled.cubin, weights)
         .expect("the artifact loads");
     glmc_runtime::Generator::with_executor(Box::new(exec)).expect("a generator")
 }

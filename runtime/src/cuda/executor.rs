@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use glmc_codegen::artifact::{Manifest, WeightEntry};
-use glmc_codegen::expr::Bindings;
 use glmc_codegen::expr::Poly;
+use glmc_codegen::expr::{decode_bindings, prefill_bindings, Bindings};
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Phase, Step};
 use glmc_codegen::Target;
@@ -435,7 +435,7 @@ impl CudaExecutor {
                         self.max.max_prefill_tokens
                     )));
                 }
-                Bindings::from([("s".to_string(), rows), ("t".to_string(), context)])
+                prefill_bindings(rows, context.saturating_sub(rows))
             }
             PhaseKind::Decode => {
                 if rows > self.max.max_batch {
@@ -444,7 +444,7 @@ impl CudaExecutor {
                         self.max.max_batch
                     )));
                 }
-                Bindings::from([("b".to_string(), rows), ("t".to_string(), context)])
+                decode_bindings(rows, context)
             }
         })
     }

@@ -287,6 +287,8 @@ pub fn launch(
     Ok(())
 }
 
+mod compile;
 mod executor;
+pub use compile::{compile, CompileError, Compiled};
 pub use executor::{CudaExecutor, DeviceBytes, OutOfMemory};
 pub mod random_fill;
