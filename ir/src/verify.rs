@@ -210,6 +210,15 @@ fn same_dim(what: &str, a: &Dim, b: &Dim) -> Result<(), String> {
     }
 }
 
+/// The constant extent of axis `axis` of `t`, which the op (`verb`: "slice", …) needs.
+fn const_axis(t: &TensorType, axis: u64, verb: &str) -> Result<u64, String> {
+    match t.shape.get(axis as usize) {
+        None => Err(format!("axis {axis} out of range for {t}")),
+        Some(Dim::Const(n)) => Ok(*n),
+        Some(d) => Err(format!("cannot {verb} symbolic dim {d} of {t}")),
+    }
+}
+
 fn rank(what: &str, t: &TensorType, r: std::ops::RangeInclusive<usize>) -> Result<(), String> {
     if r.contains(&t.rank()) {
         Ok(())
@@ -312,13 +321,7 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         }
         Op::AllGather { axis, ranks } => {
             let a = *axis as usize;
-            let d = x[0]
-                .shape
-                .get(a)
-                .ok_or_else(|| format!("axis {axis} out of range for {}", x[0]))?;
-            let Dim::Const(n) = d else {
-                return Err(format!("cannot gather along symbolic dim {d} of {}", x[0]));
-            };
+            let n = &const_axis(x[0], *axis, "gather along")?;
             if *ranks == 0 {
                 return Err("ranks must be positive".into());
             }
@@ -439,13 +442,7 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         }
         Op::Slice { axis, start, end } => {
             let a = *axis as usize;
-            let d = x[0]
-                .shape
-                .get(a)
-                .ok_or_else(|| format!("axis {axis} out of range for {}", x[0]))?;
-            let Dim::Const(n) = d else {
-                return Err(format!("cannot slice symbolic dim {d} of {}", x[0]));
-            };
+            let n = &const_axis(x[0], *axis, "slice")?;
             if start >= end || end > n {
                 return Err(format!(
                     "slice {start}..{end} of axis {axis} is outside {}",
