@@ -487,6 +487,14 @@ fn random_graph(steps: &[Step], results: &[usize]) -> Function {
                 let (y, wy) = pick(y);
                 (op(&mut f, Op::Concat { axis: 1 }, &name, &[x, y]), w + wy)
             }
+            // Halving can reach a width of 1, or an odd one: those take the unary op instead,
+            // as an `add` of mismatched widths does.
+            Step::Slice { x } if pick(x).1 < 2 => {
+                (op(&mut f, Op::Relu {}, &name, &[pick(x).0]), pick(x).1)
+            }
+            Step::Reshape { x } if pick(x).1 % 2 == 1 => {
+                (op(&mut f, Op::Relu {}, &name, &[pick(x).0]), pick(x).1)
+            }
             Step::Slice { x } => {
                 let (x, w) = pick(x);
                 (
