@@ -620,25 +620,48 @@ fn check_node(
     Ok(format!("max err {worst:.2e} via {}", kernels.join(",")))
 }
 
+/// The tiny models: tiny-sparse also in bf16, whose prefill takes the tensor-core grouped GEMM
+/// at sizes the interpreter checks (GLM-5's are too large to cut out), and without `lower-moe`,
+/// which keeps the `moe.experts` baseline the lowered kernels replaced.
 #[test]
 #[ignore = "gpu"]
 fn every_kernel_instance_matches_the_interpreter() {
+    check_every_kernel_instance(
+        &[
+            ("tiny-sparse.ron", None, &[][..]),
+            ("tiny-sparse.ron", Some(DType::BF16), &[]),
+            ("tiny-sparse.ron", None, &["lower-moe"]),
+            ("tiny-dense.ron", None, &[]),
+        ],
+        "harness.txt",
+    );
+}
+
+/// GLM-5 as compiled (bf16).
+#[test]
+#[ignore = "gpu"]
+fn every_glm5_kernel_instance_matches_the_interpreter() {
+    check_every_kernel_instance(&[("glm5.ron", None, &[])], "harness-glm5.txt");
+}
+
+/// GLM-5 in the f32 validation mode, whose GEMMs and expert kernels differ from bf16's.
+#[test]
+#[ignore = "gpu"]
+fn every_glm5_f32_kernel_instance_matches_the_interpreter() {
+    check_every_kernel_instance(
+        &[("glm5.ron", Some(DType::F32), &[])],
+        "harness-glm5-f32.txt",
+    );
+}
+
+/// Checks one node per distinct kernel of each model (`file`, dtype override, disabled
+/// passes) against the interpreter and writes the lines to `report_file`.
+fn check_every_kernel_instance(models: &[(&str, Option<DType>, &[&str])], report_file: &str) {
     let dev = Device::open();
     let mut report = String::new();
     let mut failures = Vec::new();
     let mut rng = Rng(0x9e3779b97f4a7c15);
-    // GLM-5 also in the f32 validation mode, whose GEMMs and expert kernels differ from bf16's;
-    // tiny-sparse also in bf16, whose prefill takes the tensor-core grouped GEMM at sizes the
-    // interpreter checks (GLM-5's are too large to cut out), and without `lower-moe`, which
-    // keeps the `moe.experts` baseline the lowered kernels replaced.
-    for (file, dtype, disabled) in [
-        ("tiny-sparse.ron", None, &[][..]),
-        ("tiny-sparse.ron", Some(DType::BF16), &[]),
-        ("tiny-sparse.ron", None, &["lower-moe"]),
-        ("tiny-dense.ron", None, &[]),
-        ("glm5.ron", None, &[]),
-        ("glm5.ron", Some(DType::F32), &[]),
-    ] {
+    for &(file, dtype, disabled) in models {
         let module = model_in(file, dtype, disabled);
         let config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
         let file = match dtype {
@@ -694,7 +717,7 @@ fn every_kernel_instance_matches_the_interpreter() {
             }
         }
     }
-    std::fs::write(out_dir().join("harness.txt"), &report).unwrap();
+    std::fs::write(out_dir().join(report_file), &report).unwrap();
     assert!(
         failures.is_empty(),
         "{} kernels failed:\n{}",
@@ -1215,10 +1238,28 @@ fn random_bf16(rng: &mut Rng, shape: Vec<usize>, scale: f32) -> Tensor {
 /// stacked weights. The table's experts cycle through 8 random ones (`repeat_rows`), so a
 /// kernel that picks the wrong expert still fails. At decode the `moe.experts` baseline of
 /// codegen II runs on the same table too, for comparison. Timed over 20 runs; written to
-/// `moe.md`.
+/// `moe-decode.md` and `moe-prefill.md`, one test each (the prefill's weight tables take a
+/// minute or more of host time to make).
 #[test]
 #[ignore = "gpu"]
 fn glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed() {
+    moe_grouped_gemms(
+        &[("decode", "b", 1), ("decode", "b", 8), ("decode", "b", 64)],
+        "moe-decode.md",
+    );
+}
+
+#[test]
+#[ignore = "gpu"]
+fn glm5_moe_grouped_gemms_at_prefill_match_the_interpreter_and_are_timed() {
+    moe_grouped_gemms(
+        &[("prefill", "s", 67), ("prefill", "s", 4096)],
+        "moe-prefill.md",
+    );
+}
+
+/// The grouped GEMMs at each `(phase, symbol, tokens)` of `cases`.
+fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
     use glmc_ir::Dim;
     const HIDDEN: usize = 6144;
     const INTER: usize = 2048;
@@ -1237,13 +1278,7 @@ fn glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed() {
          | phase | tokens | active experts | op | kernel | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut failures = Vec::new();
-    for (phase, sym, tokens) in [
-        ("decode", "b", 1usize),
-        ("decode", "b", 8),
-        ("decode", "b", 64),
-        ("prefill", "s", 67),
-        ("prefill", "s", 4096),
-    ] {
+    for &(phase, sym, tokens) in cases {
         let ids = route(&mut rng, tokens, TOP_K, EXPERTS);
         let mut used = ids.clone();
         used.sort_unstable();
@@ -1379,6 +1414,6 @@ fn glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed() {
         }
     }
     print!("{report}");
-    std::fs::write(out_dir().join("moe.md"), &report).unwrap();
+    std::fs::write(out_dir().join(report_file), &report).unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
