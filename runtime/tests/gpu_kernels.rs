@@ -378,8 +378,8 @@ fn limits_for() -> Limits {
     }
 }
 
-/// [`small_bindings`], with the row count moved past a guard's limit where the launch is the
-/// alternative for more rows (so the harness runs that kernel, not the other).
+/// [`small_bindings`], with the row count moved to the fewest a guard allows where the launch is
+/// an alternative for other rows (so the harness runs that kernel, not another).
 fn bindings_for(phase: &str, when: Option<&Guard>) -> Bindings {
     let mut b = small_bindings(phase);
     if let Some(g) = when {
@@ -389,7 +389,7 @@ fn bindings_for(phase: &str, when: Option<&Guard>) -> Bindings {
                 .symbols()
                 .next()
                 .expect("a guard on a symbolic row count");
-            let rows = g.at_most as u64 + 3;
+            let rows = g.fewest_rows() as u64;
             b.insert(sym.to_string(), rows);
             let t = b.get("t").copied().unwrap_or(0).max(rows);
             b.insert("t".into(), t);
