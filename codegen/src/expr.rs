@@ -251,28 +251,57 @@ impl fmt::Display for GridDim {
     }
 }
 
-/// The sizes a launch runs at when it is one of two alternatives for its node: `rows ≤ at_most`
-/// (`small`) or `rows > at_most`.
+/// The row counts a launch runs at when it is one of several alternatives for its node:
+/// `above < rows ≤ at_most`, either bound left out where there is none.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Guard {
     pub rows: Poly,
-    pub at_most: i64,
-    pub small: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub above: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_most: Option<i64>,
 }
 
 impl Guard {
+    /// `rows ≤ at_most`.
+    pub fn at_most(rows: Poly, at_most: i64) -> Guard {
+        Guard {
+            rows,
+            above: None,
+            at_most: Some(at_most),
+        }
+    }
+
+    /// `rows > above`.
+    pub fn above(rows: Poly, above: i64) -> Guard {
+        Guard {
+            rows,
+            above: Some(above),
+            at_most: None,
+        }
+    }
+
     /// Whether the launch runs under `bindings` (`None`: `rows` is not bound).
     pub fn holds(&self, bindings: &Bindings) -> Option<bool> {
         self.rows
             .eval(bindings)
-            .map(|r| (r <= self.at_most) == self.small)
+            .map(|r| self.above.is_none_or(|a| r > a) && self.at_most.is_none_or(|m| r <= m))
+    }
+
+    /// The fewest rows the launch runs at.
+    pub fn fewest_rows(&self) -> i64 {
+        self.above.map_or(1, |a| a + 1)
     }
 }
 
 impl fmt::Display for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let op = if self.small { "≤" } else { ">" };
-        write!(f, "if {} {op} {}", self.rows, self.at_most)
+        match (self.above, self.at_most) {
+            (Some(a), Some(m)) => write!(f, "if {a} < {} ≤ {m}", self.rows),
+            (Some(a), None) => write!(f, "if {} > {a}", self.rows),
+            (None, Some(m)) => write!(f, "if {} ≤ {m}", self.rows),
+            (None, None) => write!(f, "always"),
+        }
     }
 }
 
@@ -316,5 +345,30 @@ mod tests {
         assert_eq!(g.eval(&bind(&[("s", 3)])), Some(3));
         assert_eq!(g.to_string(), "ceil((3*s)/4)");
         assert_eq!(GridDim::fixed(7).to_string(), "7");
+    }
+
+    #[test]
+    fn guards_bound_the_rows_on_either_side() {
+        let b = |n| bind(&[("b", n)]);
+        let range = Guard {
+            rows: Poly::sym("b"),
+            above: Some(4),
+            at_most: Some(8),
+        };
+        assert_eq!(range.to_string(), "if 4 < b ≤ 8");
+        let runs: Vec<u64> = (1..12)
+            .filter(|&n| range.holds(&b(n)) == Some(true))
+            .collect();
+        assert_eq!(runs, [5, 6, 7, 8]);
+        assert_eq!(range.fewest_rows(), 5);
+        let small = Guard::at_most(Poly::sym("b"), 16);
+        assert_eq!(
+            (small.to_string(), small.fewest_rows()),
+            ("if b ≤ 16".into(), 1)
+        );
+        let large = Guard::above(Poly::sym("b"), 16);
+        assert_eq!(large.to_string(), "if b > 16");
+        assert_eq!(large.holds(&b(17)), Some(true));
+        assert_eq!(large.holds(&bind(&[])), None);
     }
 }

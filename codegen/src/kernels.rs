@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use glmc_ir::{DType, Node, Op};
 
-use crate::expr::{GridDim, Guard, Poly};
+use crate::expr::{Bindings, GridDim, Guard, Poly};
 use crate::layout::{Rows, TensorRef};
 use crate::schedule::{Arg, ArgValue};
 
@@ -50,14 +50,17 @@ pub struct Planned {
     pub grid: GridDim,
     pub args: Vec<Arg>,
     pub when: Option<Guard>,
+    /// Why the node took this kernel over a faster one, shown in the schedule.
+    pub note: Option<String>,
 }
 
 /// What an op lowers to.
 pub enum Lowering {
     Launch(Planned),
-    /// Kernels of which one runs, chosen by the sizes at hand (their guards), each with the
-    /// [`Source`] of its pointer arguments.
-    Alternatives(Vec<(Planned, Vec<Source>)>),
+    /// Launches in the order they run, each with the [`Source`] of its pointer arguments; one
+    /// with a guard runs only at the sizes it names (alternatives for one step have disjoint
+    /// guards), one without always runs (the second kernel of a pair).
+    Launches(Vec<(Planned, Vec<Source>)>),
     /// Not in this version (a GEMM, attention, the indexer, MoE), or not in this form; the
     /// reason is shown in the schedule.
     NotYet(String),
@@ -70,8 +73,12 @@ pub struct NodeCtx<'a> {
     pub outputs: &'a [TensorRef],
     /// Cache capacity in tokens per sequence.
     pub max_context: u64,
+    /// The largest sizes of the phase's symbols (the artifact's limits).
+    pub limits: &'a Bindings,
     /// The [`Source`] of each pointer argument made so far, in order.
     pub sources: std::cell::RefCell<Vec<Source>>,
+    /// The scratch buffers asked for, in order ([`NodeCtx::scratch`]).
+    pub scratch: std::cell::RefCell<Vec<TensorRef>>,
 }
 
 fn ctype(d: DType) -> Option<&'static str> {
@@ -88,11 +95,41 @@ fn ctype(d: DType) -> Option<&'static str> {
 pub enum Source {
     Operand(usize),
     Output(usize),
+    /// Scratch buffer `k` of the node ([`NodeCtx::scratch`]).
+    Scratch(usize),
     /// Neither: memory outside the arena (a cache's base).
     Other,
 }
 
+/// A scratch buffer of one node, by its order of request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scratch(usize);
+
 impl NodeCtx<'_> {
+    /// A workspace of `elements` × `dtype` for this node's launches alone: the lowering gives it
+    /// a buffer of the arena live only while the node runs, sized at the limits (so `elements`
+    /// may use the phase's symbols), which later nodes reuse.
+    pub fn scratch(&self, dtype: DType, elements: Poly) -> Scratch {
+        let mut list = self.scratch.borrow_mut();
+        list.push(TensorRef {
+            buf: crate::layout::Buf::Arena,
+            offset_bytes: Poly::zero(),
+            dtype,
+            shape: vec![elements],
+            strides: vec![Poly::constant(1)],
+        });
+        Scratch(list.len() - 1)
+    }
+
+    /// A pointer argument to scratch buffer `s`.
+    fn scratch_ptr(&self, name: &str, s: Scratch) -> Arg {
+        self.sources.borrow_mut().push(Source::Scratch(s.0));
+        Arg {
+            name: name.to_string(),
+            value: ArgValue::Ptr(self.scratch.borrow()[s.0].clone()),
+        }
+    }
+
     /// A pointer argument to `r`, one of this node's operands or outputs (told apart by
     /// identity, since two buffers may hold tensors of equal layout).
     fn ptr(&self, name: &str, r: &TensorRef) -> Arg {
@@ -171,6 +208,7 @@ impl Builder {
             grid,
             args,
             when: None,
+            note: None,
         })
     }
 }
@@ -812,14 +850,9 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
     let tiled_sources = cx.sources.take();
     let (mut skinny, _) = matmul(cx, heads, rope, Some(&SKINNY_GEMM))?;
     let skinny_sources = cx.sources.take();
-    let guard = |small| Guard {
-        rows: rows.clone(),
-        at_most: SKINNY_PREFILL_ROWS,
-        small,
-    };
-    skinny.when = Some(guard(true));
-    tiled.when = Some(guard(false));
-    Ok(Lowering::Alternatives(vec![
+    skinny.when = Some(Guard::at_most(rows.clone(), SKINNY_PREFILL_ROWS));
+    tiled.when = Some(Guard::above(rows, SKINNY_PREFILL_ROWS));
+    Ok(Lowering::Launches(vec![
         (skinny, skinny_sources),
         (tiled, tiled_sources),
     ]))
@@ -1020,6 +1053,14 @@ fn attention(
         ));
     }
     positions_ok(positions)?;
+    let note = if absorbed {
+        match mla_refusal(cx, heads) {
+            None => return mla_absorbed(cx, sparse, dense_until, scale, heads),
+            Some(why) => Some(format!("baseline: {why}")),
+        }
+    } else {
+        None
+    };
     let items = dv.div_ceil(ATTENTION_THREADS as u64).max(1);
     let words = cx.max_context.div_ceil(32).max(1);
     let mut shared = (d1 + d2 + 32) * 4;
@@ -1086,8 +1127,251 @@ fn attention(
     let rows = out.shape[0].clone();
     args.push(int("rows", rows.clone()));
     args.push(float("scale", scale));
-    Ok(b.shared(shared as u32, false)
-        .launch(GridDim::one_block_each(rows.scale(heads as i64)), args))
+    let mut lowering = b
+        .shared(shared as u32, false)
+        .launch(GridDim::one_block_each(rows.scale(heads as i64)), args);
+    if let Lowering::Launch(planned) = &mut lowering {
+        planned.note = note;
+    }
+    Ok(lowering)
+}
+
+/// Latent and rope widths the tensor-core absorbed attention is tiled for (GLM-5's, and
+/// DeepSeek-V3's).
+const MLA_LATENT: u64 = 512;
+const MLA_ROPE: u64 = 64;
+/// Heads per block of it: one m16 MMA tile of query rows (`mla_absorbed.cu` says why).
+const MLA_HEAD_TILE: u64 = 16;
+const MLA_THREADS: u32 = 256;
+/// Its dynamic shared memory: the Q tile, two key stages, the score halves and probabilities
+/// (rows padded by 8 bf16), three floats and two visibility flags per row or key.
+const MLA_SHARED: u32 =
+    (16 * 584 * 2 + 2 * 32 * 584 * 2 + 2 * 16 * 32 * 4 + 16 * 40 * 2 + 3 * 16 * 4 + 2 * 32) as u32;
+/// Blocks a launch aims at: two per SM of an H200 (132 SMs, whose 228 KiB hold two blocks),
+/// which also covers SM120's 188 SMs of one block each.
+const MLA_BLOCKS: u64 = 256;
+/// Most context splits per (row, head group): beyond it the merge reads more than a split
+/// computes at GLM-5's top-k of 2048.
+const MLA_MAX_SPLITS: u64 = 128;
+/// Threads of the merge kernel: 4 of the 512 latent columns each.
+const MLA_MERGE_THREADS: u32 = 128;
+
+/// The split count for a range of row counts, `above < rows ≤ at_most`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitTier {
+    pub above: Option<u64>,
+    pub at_most: Option<u64>,
+    pub splits: u64,
+}
+
+/// The context splits of the tensor-core absorbed attention by row count, for `groups` blocks
+/// of heads per row and at most `max_rows` rows: row counts go in ranges (0,1], (1,2], (2,4],
+/// …, each with the fewest splits (a power of two, at most [`MLA_MAX_SPLITS`]) that give its
+/// smallest row count [`MLA_BLOCKS`] blocks; the last range, from where one split is enough, is
+/// open. Adjacent ranges with one count merge.
+pub fn mla_split_tiers(groups: u64, max_rows: u64) -> Vec<SplitTier> {
+    let mut tiers: Vec<SplitTier> = Vec::new();
+    let mut above = 0u64;
+    loop {
+        let splits = MLA_BLOCKS
+            .div_ceil((above + 1) * groups)
+            .next_power_of_two()
+            .min(MLA_MAX_SPLITS);
+        let at_most = (splits > 1).then_some((2 * above).max(1));
+        match tiers.last_mut() {
+            Some(t) if t.splits == splits => t.at_most = at_most,
+            _ => tiers.push(SplitTier {
+                above: (above > 0).then_some(above),
+                at_most,
+                splits,
+            }),
+        }
+        match at_most {
+            Some(hi) if hi < max_rows => above = hi,
+            _ => break,
+        }
+    }
+    tiers
+}
+
+/// Why the tensor-core absorbed attention cannot take this node, if it cannot: it is tiled for
+/// bf16, 512 + 64 dims, 16 heads per block (or all of 16 or fewer), 16-byte aligned rows.
+fn mla_refusal(cx: &NodeCtx, heads: u64) -> Option<String> {
+    let ops = cx.operands;
+    let out = &cx.outputs[0];
+    let tensors = [
+        (&ops[0], "q_abs"),
+        (&ops[1], "q_pe"),
+        (&ops[2], "the latent cache"),
+        (&ops[3], "the rope cache"),
+        (out, "the output"),
+    ];
+    if let Some(dtype) = tensors.iter().find(|(t, _)| t.dtype != DType::BF16) {
+        return Some(format!(
+            "the tensor-core kernel is bf16, {} is {}",
+            dtype.1, dtype.0.dtype
+        ));
+    }
+    let width = |t: &TensorRef| t.shape.last().and_then(|d| d.as_const());
+    if width(&ops[0]) != Some(MLA_LATENT as i64) || width(&ops[1]) != Some(MLA_ROPE as i64) {
+        return Some(format!(
+            "the tensor-core kernel is tiled for {MLA_LATENT} latent + {MLA_ROPE} rope dims, not {} + {}",
+            ops[0].shape.last().map(|d| d.to_string()).unwrap_or_default(),
+            ops[1].shape.last().map(|d| d.to_string()).unwrap_or_default()
+        ));
+    }
+    if heads > MLA_HEAD_TILE && !heads.is_multiple_of(MLA_HEAD_TILE) {
+        return Some(format!(
+            "the tensor-core kernel takes {MLA_HEAD_TILE} heads a block (or all of at most {MLA_HEAD_TILE}), not {heads}"
+        ));
+    }
+    let aligned = tensors.iter().all(|(t, _)| {
+        t.offset_bytes.divisible_by(16)
+            && t.strides[..t.strides.len() - 1]
+                .iter()
+                .all(|s| s.divisible_by(8))
+    });
+    if !aligned {
+        return Some(
+            "the tensor-core kernel copies 16-byte vectors, and a row is not 16-byte aligned"
+                .into(),
+        );
+    }
+    if out.shape[0].eval(cx.limits).is_none() {
+        return Some(format!(
+            "the row count {} is not bound by the limits",
+            out.shape[0]
+        ));
+    }
+    None
+}
+
+/// `mla.attend.absorbed` on the tensor cores (`mla_absorbed.cu`): for each range of row counts
+/// ([`mla_split_tiers`]) one guarded launch with its split count, followed, where it splits,
+/// by the merge (`mla_merge.cu`) of the partial results, which go through a scratch buffer
+/// sized for the largest split range.
+fn mla_absorbed(
+    cx: &NodeCtx,
+    sparse: bool,
+    dense_until: u64,
+    scale: f64,
+    heads: u64,
+) -> Result<Lowering, String> {
+    let ops = cx.operands;
+    let out = &cx.outputs[0];
+    let (q1, q2, k1, k2, positions) = (&ops[0], &ops[1], &ops[2], &ops[3], &ops[4]);
+    let (q1_row, q1_head, _) = per_head_rows(q1, "the first query part")?;
+    let (q2_row, q2_head, _) = per_head_rows(q2, "the rope query part")?;
+    let (out_row, out_head, _) = per_head_rows(out, "the output")?;
+    let kc1 = cache_operand(k1, false, "the latent cache")?;
+    let kc2 = cache_operand(k2, false, "the rope key")?;
+    let rows = out.shape[0].clone();
+    let max_rows = rows
+        .eval(cx.limits)
+        .ok_or_else(|| format!("the row count {rows} is not bound by the limits"))?
+        .max(1) as u64;
+    let head_tile = heads.min(MLA_HEAD_TILE);
+    let groups = heads / head_tile;
+    let tiers = mla_split_tiers(groups, max_rows);
+    let topk = if sparse {
+        let topk = &ops[5];
+        if topk.dtype != DType::I64 {
+            return Err(format!("the top-k operand is not i64 ({topk})"));
+        }
+        let (_, topk_row) = plain_rows(topk, 1, "the top-k operand")?;
+        Some((
+            topk,
+            topk_row,
+            const_dim(topk, topk.shape.len() - 1, "the top-k operand")?,
+        ))
+    } else {
+        None
+    };
+    let part_elements = tiers
+        .iter()
+        .filter(|t| t.splits > 1)
+        .map(|t| t.at_most.unwrap_or(max_rows).min(max_rows) * t.splits * heads * (MLA_LATENT + 1))
+        .max();
+    let part = part_elements.map(|n| cx.scratch(DType::F32, Poly::constant(n as i64)));
+    let spec = |template: &'static str, threads: u32| {
+        Builder::new(template, threads)
+            .param("op", cx.node.op.name())
+            .param("heads", heads)
+    };
+    let single = tiers.len() == 1;
+    let mut launches = Vec::new();
+    for tier in &tiers {
+        let when = (!single).then(|| Guard {
+            rows: rows.clone(),
+            above: tier.above.map(|a| a as i64),
+            at_most: tier.at_most.map(|m| m as i64),
+        });
+        let direct = tier.splits == 1;
+        let mut b = spec("mla_absorbed", MLA_THREADS)
+            .param("hg", head_tile)
+            .param("sparse", sparse)
+            .param("direct", direct)
+            .shared(MLA_SHARED, true);
+        let mut args = if direct {
+            vec![
+                cx.ptr("out", out),
+                int("out_row", out_row.clone()),
+                int("out_head", out_head.clone()),
+            ]
+        } else {
+            vec![cx.scratch_ptr("part", part.expect("a scratch for the split ranges"))]
+        };
+        args.extend([
+            cx.ptr("q1", q1),
+            int("q1_row", q1_row.clone()),
+            int("q1_head", q1_head.clone()),
+            cx.ptr("q2", q2),
+            int("q2_row", q2_row.clone()),
+            int("q2_head", q2_head.clone()),
+            cx.ptr("k1", k1),
+            int("k1_seq", kc1.seq.clone()),
+            int("k1_key", kc1.key.clone()),
+            cx.ptr("k2", k2),
+            int("k2_seq", kc2.seq.clone()),
+            int("k2_key", kc2.key.clone()),
+            cx.ptr("positions", positions),
+        ]);
+        if let Some((topk, topk_row, k)) = &topk {
+            b = b.param("topk", k).param("dense_until", dense_until);
+            args.push(cx.ptr("topk", topk));
+            args.push(int("topk_row", topk_row.clone()));
+        }
+        args.extend([
+            int("rows", rows.clone()),
+            int("splits", Poly::constant(tier.splits as i64)),
+            float("scale_log2", scale * std::f64::consts::LOG2_E),
+        ]);
+        let grid = GridDim::one_block_each(rows.scale((groups * tier.splits) as i64));
+        let Lowering::Launch(mut planned) = b.launch(grid, args) else {
+            unreachable!("a builder makes one launch")
+        };
+        planned.when = when.clone();
+        launches.push((planned, cx.sources.take()));
+        if !direct {
+            let args = vec![
+                cx.ptr("out", out),
+                int("out_row", out_row.clone()),
+                int("out_head", out_head.clone()),
+                cx.scratch_ptr("part", part.expect("a scratch for the split ranges")),
+                int("rows", rows.clone()),
+                int("splits", Poly::constant(tier.splits as i64)),
+            ];
+            let grid = GridDim::one_block_each(rows.scale(heads as i64));
+            let Lowering::Launch(mut planned) =
+                spec("mla_merge", MLA_MERGE_THREADS).launch(grid, args)
+            else {
+                unreachable!("a builder makes one launch")
+            };
+            planned.when = when;
+            launches.push((planned, cx.sources.take()));
+        }
+    }
+    Ok(Lowering::Launches(launches))
 }
 
 fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {

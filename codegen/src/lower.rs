@@ -4,7 +4,9 @@
 //! - a **view**: `reshape`, `slice` and `slice.last` are layouts over their operand's memory (no
 //!   kernel, no copy), as long as the result is still rows of contiguous elements (what every
 //!   row-wise kernel addresses); a `cache.update`'s result is a view of its cache;
-//! - a **launch** of a kernel specialised from a template ([`crate::kernels`]);
+//! - **launches** of kernels specialised from templates ([`crate::kernels`]): usually one; a
+//!   few in sequence (a split attention and its merge), or alternatives guarded by the row
+//!   count. A node's launches may share scratch buffers, live at its step alone;
 //! - **missing**, for the ops no kernel exists for yet; the artifact then says it is incomplete.
 //!
 //! A `concat` is folded into its producers: an operand made by a kernel for the concat alone is
@@ -410,6 +412,7 @@ pub fn lower_function(
                         0
                     },
                     when: planned.when,
+                    note: planned.note,
                     args: planned.args,
                     outputs: outputs.iter().map(resolve).collect(),
                 })
@@ -615,11 +618,13 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 operands: &operand_refs,
                 outputs: &output_refs,
                 max_context: st.limits.max_context,
+                limits: &st.bindings,
                 sources: Default::default(),
+                scratch: Default::default(),
             };
             let launches = match kernels::lower(&cx) {
                 Lowering::Launch(planned) => vec![(planned, cx.sources.take())],
-                Lowering::Alternatives(list) => list,
+                Lowering::Launches(list) => list,
                 Lowering::NotYet(why) => {
                     st.steps.push(PendingStep::Missing {
                         node: node.name.clone(),
@@ -630,12 +635,21 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                     return Ok(());
                 }
             };
+            // A scratch buffer lives at this step alone, so the planner lends its space to the
+            // buffers of other steps.
+            let scratch = cx
+                .scratch
+                .take()
+                .iter()
+                .map(|at| st.new_buffer(at, step, n))
+                .collect::<Result<Vec<_>, _>>()?;
             for (planned, sources) in launches {
                 let buffers = sources
                     .into_iter()
                     .map(|s| match s {
                         Source::Operand(i) => operand_locs[i].buffer,
                         Source::Output(k) => outputs[k].buffer,
+                        Source::Scratch(k) => Some(scratch[k]),
                         Source::Other => None,
                     })
                     .collect();

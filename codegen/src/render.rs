@@ -19,6 +19,8 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("gemm_skinny", include_str!("../templates/gemm_skinny.cu")),
     ("gemv", include_str!("../templates/gemv.cu")),
     ("matmul", include_str!("../templates/matmul.cu")),
+    ("mla_absorbed", include_str!("../templates/mla_absorbed.cu")),
+    ("mla_merge", include_str!("../templates/mla_merge.cu")),
     ("moe_combine", include_str!("../templates/moe_combine.cu")),
     ("moe_experts", include_str!("../templates/moe_experts.cu")),
     ("moe_gemm_mma", include_str!("../templates/moe_gemm_mma.cu")),

@@ -53,9 +53,12 @@ pub struct Launch {
     /// Dynamic shared memory the launch passes, in bytes (0: the kernel's is all static).
     #[serde(default)]
     pub dynamic_shared_bytes: u32,
-    /// For one of two alternative kernels of a node: the sizes it runs at.
+    /// For one of several alternative kernels of a node: the sizes it runs at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when: Option<Guard>,
+    /// Why the node took this kernel over a faster one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     pub args: Vec<Arg>,
     /// Where the node's outputs land (for a copy: the part of the concat it fills).
     pub outputs: Vec<TensorRef>,
@@ -167,6 +170,9 @@ impl Phase {
                         "  {} {:?}: {}<<<{}, {}>>>{when} smem={shared}{dynamic} {{{tiles}}}",
                         l.op, l.node, l.kernel, l.grid, l.block
                     );
+                    if let Some(note) = &l.note {
+                        let _ = writeln!(out, "      # {note}");
+                    }
                     for a in &l.args {
                         let v = match &a.value {
                             ArgValue::Ptr(r) => r.to_string(),

@@ -88,6 +88,15 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) 
                  : "r"(s));
 }
 
+// ldmatrix_x4 with each 8×8 matrix transposed: the B operand of an MMA from a [k][n] tile (n
+// contiguous), as attention's values are.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
 // Copies 16 bytes, or writes 16 zero bytes where `valid` is false (the source is not read).
 __device__ __forceinline__ void cp_async16(void* smem, const void* global, bool valid) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);

@@ -108,3 +108,41 @@ fn glm5_prefill_gemms_use_hmma() {
         o_proj.kernel
     );
 }
+
+/// The tensor-core absorbed attention of GLM-5 at TP=1 (64 heads, 4 groups of 16 a block) and
+/// at TP=8 (8 heads a rank, one half-empty m16 tile), with its merge: no local memory, and few
+/// enough registers (≤ 128 a thread) that an H200 holds two blocks an SM.
+#[test]
+fn glm5_absorbed_attention_compiles_for_64_and_8_heads_without_local_memory() {
+    let nvcc = compiler();
+    let (_, m) = common::module("glm5.ron");
+    let rank = glmc_passes::partition(&m, 8).unwrap().remove(0);
+    let mut kernels = Vec::new();
+    for module in [&m, &rank] {
+        let l = glmc_codegen::lower_module(module, Target::Sm120a, common::LIMITS).unwrap();
+        kernels.extend(
+            l.kernels
+                .into_iter()
+                .filter(|k| k.template.starts_with("mla_")),
+        );
+    }
+    let heads: std::collections::BTreeSet<&str> = kernels
+        .iter()
+        .filter(|k| k.template == "mla_absorbed")
+        .map(|k| k.params["heads"].as_str())
+        .collect();
+    assert_eq!(heads.into_iter().collect::<Vec<_>>(), ["64", "8"]);
+    let source = render::render(&kernels).unwrap();
+    for target in [Target::Sm120a, Target::Sm90a] {
+        let compiled = nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
+            .unwrap_or_else(|e| panic!("{target}: {e}"));
+        for u in parse_ptxas(&compiled.ptxas) {
+            assert_eq!(
+                (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
+                (0, 0, 0),
+                "{target}: {u}"
+            );
+            assert!(u.registers <= 128, "{target}: {u}");
+        }
+    }
+}

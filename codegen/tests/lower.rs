@@ -260,3 +260,149 @@ fn prefill_gemms_pick_their_kernel_by_row_count() {
     assert!(decode.len() == 1 && decode[0].when.is_none());
     assert!(decode[0].kernel.starts_with("glmc_gemm_skinny_"));
 }
+
+/// GLM-5's absorbed attention (bf16, 64 heads of 512 + 64) takes the tensor-core kernel: per
+/// range of row counts one split count, the split ranges followed by the merge, every launch
+/// guarded by the rows, the grid by the rows alone; the partial results in one scratch buffer
+/// of the largest split range, live at the node's step alone.
+#[test]
+fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
+    use glmc_codegen::expr::Bindings;
+    use glmc_codegen::kernels::mla_split_tiers;
+    let limits = glmc_codegen::Limits {
+        max_prefill_tokens: 4096,
+        max_batch: 64,
+        max_context: 4096,
+    };
+    let l = lower_module(&module("glm5.ron").1, Target::Sm120, limits).unwrap();
+    let tiers = mla_split_tiers(4, 64);
+    let splits: Vec<u64> = tiers.iter().map(|t| t.splits).collect();
+    assert_eq!(splits, [64, 32, 16, 8, 4, 2]);
+    assert_eq!(tiers.last().unwrap().at_most, Some(64));
+    for (phase_name, sym, max) in [("decode", "b", 64u64), ("prefill", "s", 4096)] {
+        let p = phase(&l, phase_name);
+        let node = "model.layers.3.self_attn.mla_attn";
+        let launches: Vec<_> = p
+            .launches()
+            .filter(|x| x.op == "mla.attend.absorbed" && x.node.starts_with("model.layers.3."))
+            .collect();
+        assert!(!launches.is_empty(), "{phase_name}: no launch of {node}");
+        for rows in [1u64, 2, 3, 8, 33, 64, max] {
+            let b = Bindings::from([(sym.to_string(), rows), ("t".to_string(), 4096)]);
+            let runs: Vec<_> = launches
+                .iter()
+                .filter(|x| x.when.as_ref().unwrap().holds(&b) == Some(true))
+                .collect();
+            let names: Vec<&str> = runs.iter().map(|x| x.kernel.as_str()).collect();
+            let attend = runs[0];
+            assert!(attend.kernel.starts_with("glmc_mla_absorbed_"), "{names:?}");
+            let split = attend
+                .args
+                .iter()
+                .find(|a| a.name == "splits")
+                .map(|a| match &a.value {
+                    ArgValue::Int(p) => p.as_const().unwrap() as u64,
+                    _ => panic!(),
+                })
+                .unwrap();
+            let blocks = attend.grid.eval(&b).unwrap();
+            assert_eq!(blocks, rows * 4 * split, "{phase_name} rows={rows}");
+            if split == 1 {
+                assert_eq!(runs.len(), 1, "{phase_name} rows={rows}: {names:?}");
+                assert!(rows > 64);
+            } else {
+                assert_eq!(runs.len(), 2, "{phase_name} rows={rows}: {names:?}");
+                assert!(runs[1].kernel.starts_with("glmc_mla_merge_"));
+                assert!(blocks >= 256, "{phase_name} rows={rows}: {blocks} blocks");
+                let part = |x: &glmc_codegen::schedule::Launch| {
+                    x.args
+                        .iter()
+                        .find_map(|a| match &a.value {
+                            ArgValue::Ptr(at) if a.name == "part" => Some(at.clone()),
+                            _ => None,
+                        })
+                        .unwrap()
+                };
+                assert_eq!(part(attend), part(runs[1]), "one scratch for both kernels");
+                assert_eq!(part(attend).buf, Buf::Arena);
+                // The largest split range: up to 64 rows × 2 splits (or 32 × 4) × 64 heads × 513.
+                assert_eq!(
+                    part(attend).shape[0].as_const(),
+                    Some(128 * 64 * 513),
+                    "{phase_name}"
+                );
+            }
+        }
+        let kernel = l
+            .kernels
+            .iter()
+            .find(|k| k.name == launches[0].kernel)
+            .unwrap();
+        assert!(kernel.shared_bytes <= 99 * 1024);
+        assert_eq!(kernel.params["hg"], "16");
+    }
+}
+
+/// The split ranges: batch 1 fills the GPU from one row, 8 heads (one group) split more, and
+/// limits below a range drop it.
+#[test]
+fn absorbed_attention_split_ranges() {
+    use glmc_codegen::kernels::{mla_split_tiers, SplitTier};
+    let t = mla_split_tiers(1, 1 << 20);
+    assert_eq!(
+        t.first(),
+        Some(&SplitTier {
+            above: None,
+            at_most: Some(4),
+            splits: 128
+        })
+    );
+    assert_eq!(
+        t.last(),
+        Some(&SplitTier {
+            above: Some(256),
+            at_most: None,
+            splits: 1
+        })
+    );
+    // Every range gives at least 256 blocks, and ranges tile the row counts.
+    for w in t.windows(2) {
+        assert_eq!(w[0].at_most, w[1].above);
+    }
+    for tier in &t[..t.len() - 1] {
+        assert!(tier.above.unwrap_or(0) + 1 >= 1);
+        assert!((tier.above.unwrap_or(0) + 1) * tier.splits >= 256 || tier.splits == 128);
+    }
+    assert_eq!(
+        mla_split_tiers(4, 1),
+        [SplitTier {
+            above: None,
+            at_most: Some(1),
+            splits: 64
+        }]
+    );
+}
+
+/// Other shapes keep the baseline, and the schedule says why.
+#[test]
+fn absorbed_attention_outside_the_tiling_keeps_the_baseline_with_its_reason() {
+    let l = lowered("tiny-sparse.ron", Target::Sm120);
+    let attend = phase(&l, "decode")
+        .launches()
+        .find(|x| x.op == "mla.attend.absorbed")
+        .unwrap();
+    assert!(attend.kernel.starts_with("glmc_attention_"));
+    let note = attend.note.as_deref().unwrap();
+    assert!(
+        note.starts_with("baseline: the tensor-core kernel is bf16"),
+        "{note}"
+    );
+    let (_, m) = common::module_with("glm5.ron", |c| c.dtype = glmc_ir::DType::F32);
+    let l = lower_module(&m, Target::Sm120, LIMITS).unwrap();
+    let attend = phase(&l, "decode")
+        .launches()
+        .find(|x| x.op == "mla.attend.absorbed")
+        .unwrap();
+    assert!(attend.kernel.starts_with("glmc_attention_"));
+    assert!(attend.note.as_deref().unwrap().contains("is f32"));
+}

@@ -47,3 +47,20 @@ fn tiny_sparse_bf16_gemm_kernels_cu() {
     );
     insta::assert_snapshot!(render::render(&gemms).unwrap());
 }
+
+/// GLM-5's tensor-core absorbed attention (64 heads, and 8 a rank at TP=8) and its merge.
+#[test]
+fn glm5_absorbed_attention_kernels_cu() {
+    let (_, m) = common::module("glm5.ron");
+    let rank = glmc_passes::partition(&m, 8).unwrap().remove(0);
+    let mut kernels = Vec::new();
+    for module in [&m, &rank] {
+        let l = lower_module(module, Target::Sm120, LIMITS).unwrap();
+        kernels.extend(
+            l.kernels
+                .into_iter()
+                .filter(|k| k.template.starts_with("mla_")),
+        );
+    }
+    insta::assert_snapshot!(render::render(&kernels).unwrap());
+}
