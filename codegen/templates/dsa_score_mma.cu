@@ -150,6 +150,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
         // Every warp is done with this stage before the next iteration refills it.
         __syncthreads();
     }
+    // A block with no tile to compute still has its query copies in flight.
+    cp_async_wait<0>();
     const i64 masked = j_begin + (i64)tiles * BN;
     for (i64 i = tid; i < (i64)ROWS * (j_end - min(masked, j_end)); i += THREADS) {
         const i64 span = j_end - masked;
