@@ -13,6 +13,8 @@ use crate::expr::{Bindings, GridDim, Guard, Poly};
 use crate::layout::{Rows, TensorRef};
 use crate::schedule::{Arg, ArgValue};
 
+mod prefill;
+
 /// Threads per block of the one-thread-per-element kernels: enough warps to hide latency, small
 /// enough that a tail block wastes little.
 const ELEMENTWISE_THREADS: u32 = 256;
@@ -1031,6 +1033,21 @@ fn attention(
     dense_until: u64,
     scale: f64,
 ) -> Result<Lowering, String> {
+    // The expanded dense form takes the flash kernel where it fits; otherwise the baseline
+    // says why not.
+    let why_not_flash = if absorbed {
+        None
+    } else if sparse {
+        Some("top-k attention runs on the baseline".to_string())
+    } else {
+        match prefill::flash_attention(cx, scale) {
+            Ok(l) => return Ok(l),
+            Err(why) => {
+                cx.sources.borrow_mut().clear();
+                Some(why)
+            }
+        }
+    };
     let ops = cx.operands;
     let out = &cx.outputs[0];
     let (q1, q2) = (&ops[0], &ops[1]);
@@ -1078,6 +1095,9 @@ fn attention(
         .dtype("k1_t", k1.dtype)?
         .dtype("k2_t", k2.dtype)?
         .dtype("v_t", v.dtype)?;
+    if let Some(why) = why_not_flash {
+        b = b.param("why_not_flash", why);
+    }
     let mut args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),
@@ -1375,6 +1395,12 @@ fn mla_absorbed(
 }
 
 fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
+    // bf16 operands in tiles of 16 take the tensor cores; the f32 validation mode and other
+    // shapes keep the SIMT kernel below.
+    if let Ok(l) = prefill::mma_score(cx) {
+        return Ok(l);
+    }
+    cx.sources.borrow_mut().clear();
     let out = &cx.outputs[0];
     let (q, w, k, positions) = (
         &cx.operands[0],

@@ -8,10 +8,18 @@ use crate::schedule::Kernel;
 /// a part other templates include).
 pub const TEMPLATES: &[(&str, &str)] = &[
     ("attention", include_str!("../templates/attention.cu")),
+    (
+        "attention_flash",
+        include_str!("../templates/attention_flash.cu"),
+    ),
     ("cache", include_str!("../templates/cache.cu")),
     ("copy", include_str!("../templates/copy.cu")),
     ("elementwise", include_str!("../templates/elementwise.cu")),
     ("dsa_score", include_str!("../templates/dsa_score.cu")),
+    (
+        "dsa_score_mma",
+        include_str!("../templates/dsa_score_mma.cu"),
+    ),
     ("dsa_topk", include_str!("../templates/dsa_topk.cu")),
     ("embed", include_str!("../templates/embed.cu")),
     ("gemm_head.cuh", include_str!("../templates/gemm_head.cuh")),

@@ -2,15 +2,21 @@
 // score, then lower index), −1 padded; a row with at most {{ k }} keys gets them all in ascending
 // order. One block of 1024 threads per row:
 // 1. radix select on the order-preserving u32 of each score, 8 bits a pass (4 passes over the
-//    row, a 256-bin shared histogram each), finds the k-th best value T and how many of the
-//    keys equal to T make the cut;
+//    row, a 256-bin shared histogram each, the bin of the k-th best found by a parallel scan),
+//    finds the k-th best value T and how many of the keys equal to T make the cut;
 // 2. one pass gathers the keys above T, then the first of those equal to T in index order
 //    (ranked by warp ballots), into shared memory;
 // 3. a bitonic sort of {{ pow2 }} 64-bit keys (score, ~index) in shared memory orders them.
+// Ties: keys of equal score are ranked by lower index, both where T is cut (the first of the
+// keys equal to T in index order make it) and in the sort (the low word is ~index), as the
+// interpreter's `dsa.topk` does; −0.0 and +0.0 are one value there too (the order maps both to
+// the bits of +0.0).
 // Work per row: O(4·t/1024 + k·log²k/1024) steps, so 32k keys and k = 2048 stay in the
-// microseconds; shared memory is {{ pow2 }} × 8 bytes + 1 KiB histogram (SM120 allows 99 KiB).
+// microseconds: each pass reads the row once (128 KiB at 32k keys, from L2 after the first), and
+// the bin search is a scan of 8 warps, not up to 256 dependent shared-memory reads of one thread
+// while the other 1023 wait. Shared memory is {{ pow2 }} × 8 bytes + 1 KiB histogram (SM120 allows 99 KiB).
 __device__ __forceinline__ unsigned {{ name }}_order(float f) {
-    const unsigned u = __float_as_uint(f);
+    const unsigned u = f == 0.f ? 0u : __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
@@ -46,12 +52,27 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
             if ((u & high) == (prefix & high)) atomicAdd(&hist[(u >> shift) & 255u], 1u);
         }
         __syncthreads();
-        if (tid == 0) {
-            unsigned above = 0u;
-            int d = 255;
-            while (above + hist[d] < want) above += hist[d--];
-            prefix_s = prefix | ((unsigned)d << shift);
-            want_s = want - above;
+        // The bin holding the want-th best: thread i takes bin 255 − i, and a scan over the 8
+        // warps counts the keys in better bins; one thread finds want among its own.
+        unsigned count = 0u, better = 0u;
+        if (tid < 256) {
+            count = hist[255 - tid];
+            better = count;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned n = __shfl_up_sync(0xffffffffu, better, o);
+                if (lane >= o) better += n;
+            }
+            if (lane == 31) warp_counts[warp] = better;
+            better -= count;
+        }
+        __syncthreads();
+        if (tid < 256) {
+            for (int w = 0; w < warp; ++w) better += warp_counts[w];
+            if (better < want && better + count >= want) {
+                prefix_s = prefix | ((unsigned)(255 - tid) << shift);
+                want_s = want - better;
+            }
         }
         __syncthreads();
         prefix = prefix_s;

@@ -4,9 +4,10 @@
 
 mod common;
 
-use common::{lowered, MODELS};
+use common::{dense_module, lowered, module_with, LIMITS, MODELS};
 use glmc_codegen::nvcc::{self, parse_ptxas};
-use glmc_codegen::{render, Target};
+use glmc_codegen::{lower_module, render, Target};
+use glmc_ir::DType;
 
 fn compiler() -> nvcc::Compiler {
     match nvcc::find(None) {
@@ -27,8 +28,24 @@ fn every_generated_kernel_compiles_without_local_memory() {
         nvcc.version
     );
     for target in [Target::Sm120a, Target::Sm90a] {
-        for model in MODELS {
-            let l = lowered(model, target);
+        // GLM-5 with dense attention and tiny-dense in bf16 too: their prefills take the flash
+        // attention kernel (swizzled and padded tiles).
+        let dense = dense_module("glm5.ron");
+        let (_, tiny) = module_with("tiny-dense.ron", |c| c.dtype = DType::BF16);
+        let models = MODELS
+            .iter()
+            .map(|m| (m.to_string(), lowered(m, target)))
+            .chain([
+                (
+                    "glm5.ron (dense attention)".to_string(),
+                    lower_module(&dense, target, LIMITS).unwrap(),
+                ),
+                (
+                    "tiny-dense.ron (bf16)".to_string(),
+                    lower_module(&tiny, target, LIMITS).unwrap(),
+                ),
+            ]);
+        for (model, l) in models {
             let source = render::render(&l.kernels).unwrap();
             let compiled =
                 nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())

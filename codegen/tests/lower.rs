@@ -406,3 +406,68 @@ fn absorbed_attention_outside_the_tiling_keeps_the_baseline_with_its_reason() {
     assert!(attend.kernel.starts_with("glmc_attention_"));
     assert!(attend.note.as_deref().unwrap().contains("is f32"));
 }
+
+/// The kernel of each launch of `op` in `phase`, with its parameters.
+fn kernels_of<'a>(
+    l: &'a glmc_codegen::Lowered,
+    phase_name: &str,
+    op: &str,
+) -> Vec<&'a glmc_codegen::schedule::Kernel> {
+    phase(l, phase_name)
+        .launches()
+        .filter(|x| x.op == op)
+        .map(|x| l.kernels.iter().find(|k| k.name == x.kernel).unwrap())
+        .collect()
+}
+
+/// GLM-5's dense prefill attention takes the flash kernel (96 KiB of dynamic shared memory:
+/// Q, K and V tiles of 64 rows), and so does tiny-dense in bf16 (8 + 8 query dims make one
+/// 16-wide MMA step); f32 keeps the baseline, which says why.
+#[test]
+fn dense_prefill_attention_takes_the_flash_kernel_where_it_fits() {
+    let l = lower_module(&common::dense_module("glm5.ron"), Target::Sm120, LIMITS).unwrap();
+    let flash = kernels_of(&l, "prefill", "mla.attend");
+    assert!(!flash.is_empty());
+    for k in flash {
+        assert_eq!(k.template, "attention_flash");
+        assert_eq!(k.shared_bytes, 96 * 1024);
+        assert_eq!(
+            (
+                k.params["d1"].as_str(),
+                k.params["d2"].as_str(),
+                k.params["dv"].as_str()
+            ),
+            ("192", "64", "256")
+        );
+    }
+    let (_, bf16) = common::module_with("tiny-dense.ron", |c| c.dtype = glmc_ir::DType::BF16);
+    let tiny = lower_module(&bf16, Target::Sm120, LIMITS).unwrap();
+    let flash = kernels_of(&tiny, "prefill", "mla.attend");
+    assert!(!flash.is_empty() && flash.iter().all(|k| k.template == "attention_flash"));
+    let tiny = lower_module(&module("tiny-dense.ron").1, Target::Sm120, LIMITS).unwrap();
+    for k in kernels_of(&tiny, "prefill", "mla.attend") {
+        assert_eq!(k.template, "attention");
+        assert!(k.params["why_not_flash"].contains("bf16"), "{:?}", k.params);
+    }
+}
+
+/// GLM-5's indexer scores run on the tensor cores: a prefill block takes 4 query rows (their
+/// 128 row-heads share each key tile), a decode block one sequence's row; f32 keeps the SIMT
+/// kernel.
+#[test]
+fn indexer_scores_take_the_tensor_cores_in_bf16() {
+    let l = lowered("glm5.ron", Target::Sm120);
+    for (phase_name, rows) in [("prefill", "4"), ("decode", "1")] {
+        let ks = kernels_of(&l, phase_name, "dsa.score");
+        assert!(!ks.is_empty(), "{phase_name}");
+        for k in ks {
+            assert_eq!(k.template, "dsa_score_mma", "{phase_name}");
+            assert_eq!(k.params["rows"], rows, "{phase_name}");
+            assert!(k.shared_bytes <= 99 * 1024);
+        }
+    }
+    let tiny = lowered("tiny-sparse.ron", Target::Sm120);
+    for k in kernels_of(&tiny, "prefill", "dsa.score") {
+        assert_eq!(k.template, "dsa_score");
+    }
+}

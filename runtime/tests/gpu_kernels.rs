@@ -622,7 +622,8 @@ fn check_node(
 
 /// The tiny models: tiny-sparse also in bf16, whose prefill takes the tensor-core grouped GEMM
 /// at sizes the interpreter checks (GLM-5's are too large to cut out), and without `lower-moe`,
-/// which keeps the `moe.experts` baseline the lowered kernels replaced.
+/// which keeps the `moe.experts` baseline the lowered kernels replaced; tiny-dense in bf16,
+/// whose prefill attention takes the flash kernel (8 + 8 query dims, padded tiles).
 #[test]
 #[ignore = "gpu"]
 fn every_kernel_instance_matches_the_interpreter() {
@@ -632,6 +633,7 @@ fn every_kernel_instance_matches_the_interpreter() {
             ("tiny-sparse.ron", Some(DType::BF16), &[]),
             ("tiny-sparse.ron", None, &["lower-moe"]),
             ("tiny-dense.ron", None, &[]),
+            ("tiny-dense.ron", Some(DType::BF16), &[]),
         ],
         "harness.txt",
     );
@@ -1757,5 +1759,465 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
     }
     print!("{report}");
     std::fs::write(out_dir().join("attention.md"), &report).unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Rows `rows` of `t` (along its first axis), in that order.
+fn pick_rows(t: &Tensor, rows: &[usize]) -> Tensor {
+    let shape = t.shape();
+    let width: usize = shape[1..].iter().product();
+    let mut out_shape = shape.to_vec();
+    out_shape[0] = rows.len();
+    match t.as_f32() {
+        Ok(v) => Tensor::f32(
+            out_shape,
+            rows.iter()
+                .flat_map(|&r| v[r * width..(r + 1) * width].iter().copied())
+                .collect(),
+        ),
+        Err(_) => {
+            let v = t.as_i64().unwrap();
+            Tensor::i64(
+                out_shape,
+                rows.iter()
+                    .flat_map(|&r| v[r * width..(r + 1) * width].iter().copied())
+                    .collect(),
+            )
+        }
+    }
+    .unwrap()
+}
+
+/// A timed run with its own byte and FLOP counts (causal work, which the cost model does not
+/// halve), against the same roofline as [`timed`].
+fn timed_as(secs: f64, moved: f64, flops: f64, copy_gbs: f64) -> Timed {
+    Timed {
+        secs,
+        moved,
+        flops,
+        bound: (moved / (copy_gbs * 1e9)).max(flops / (MMA_SYNC_TFLOPS * 1e12)),
+    }
+}
+
+/// Attention outputs `[rows, heads, dv]` within tolerance: one bf16 ulp of the value for the
+/// output rounding on each side, plus 2^-7 of the largest value of its row and head for the
+/// probabilities the flash kernel rounds to bf16 before P·V (their errors average over the keys,
+/// as the output does). Returns the worst error relative to that largest value.
+fn attention_close(gpu: &[f64], reference: &[f64], dv: usize) -> Result<f64, String> {
+    assert_eq!(gpu.len(), reference.len());
+    let mut worst = 0f64;
+    for (c, (g, r)) in gpu.chunks(dv).zip(reference.chunks(dv)).enumerate() {
+        let m = r.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
+        for (d, (a, b)) in g.iter().zip(r).enumerate() {
+            let err = (a - b).abs();
+            if err.is_nan() || err > 2f64.powi(-8) * b.abs() + 2f64.powi(-7) * m {
+                return Err(format!(
+                    "row × head {c}, dim {d}: gpu {a} vs reference {b} (largest {m})"
+                ));
+            }
+            worst = worst.max(err / m);
+        }
+    }
+    Ok(worst)
+}
+
+/// Dense expanded `mla.attend` at GLM-5's sizes (64 heads, 192 + 64 query dims, 256 value dims,
+/// scale 1/16, bf16) as a dense prefill lowers it: a 4096-token prefill, a chunked prefill of 512
+/// tokens after 3584 cached, and small odd sizes (one token; rows and caches that are no multiple
+/// of the 64-row tiles). The flash kernel is checked against the baseline kernel on the GPU on
+/// every row (the baseline runs when the rope query part is f32, the same values) and against
+/// the interpreter on sampled rows (it is f64 and slow). Timed over 20 runs with the causal FLOPs;
+/// written to `prefill_attention.md`.
+#[test]
+#[ignore = "gpu"]
+fn glm5_prefill_attention_matches_and_is_timed() {
+    use glmc_ir::Dim;
+    const HEADS: usize = 64;
+    const D1: usize = 192;
+    const D2: usize = 64;
+    const DV: usize = 256;
+    let dev = Device::open();
+    let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut rng = Rng(0xf1a5);
+    let limits = Limits {
+        max_prefill_tokens: 4096,
+        max_batch: 1,
+        max_context: 4096,
+    };
+    let attend = |q2_dtype: DType| {
+        let (s, t) = (Dim::Sym("s".into()), Dim::Sym("t".into()));
+        let c = |n: usize| Dim::Const(n as u64);
+        let ty = |dtype, shape: Vec<Dim>| TensorType::new(dtype, shape);
+        let mut f = Function::new("prefill");
+        let q1 = f.push_input(
+            0,
+            "q_nope",
+            ty(DType::BF16, vec![s.clone(), c(HEADS), c(D1)]),
+        );
+        let q2 = f.push_input(1, "q_pe", ty(q2_dtype, vec![s.clone(), c(HEADS), c(D2)]));
+        let k1 = f.push_input(
+            2,
+            "k_nope",
+            ty(DType::BF16, vec![t.clone(), c(HEADS), c(D1)]),
+        );
+        let k2 = f.push_input(3, "k_pe", ty(DType::BF16, vec![t.clone(), c(D2)]));
+        let v = f.push_input(4, "v", ty(DType::BF16, vec![t.clone(), c(HEADS), c(DV)]));
+        let p = f.push_input(5, "positions", ty(DType::I64, vec![s.clone()]));
+        let op = Op::MlaAttend {
+            dense_until: 0,
+            scale: 1.0 / 16.0,
+            sparse: false,
+        };
+        let node = f.push(op, "attn", &[q1, q2, k1, k2, v, p]).unwrap();
+        f.results.push(("out".into(), node.into()));
+        let mut m = Module::new("attention");
+        m.functions.push(f.clone());
+        (m, f)
+    };
+    let (flash_module, flash_fn) = attend(DType::BF16);
+    let (baseline_module, _) = attend(DType::F32);
+    let mut report = format!(
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; FLOPs are the causal ones, 2 · 64 heads · (256 + 256) per visible key\n\
+         | case | rows | cache | kernel | err vs baseline | err vs interpreter (rows) | time (us) | GB/s | TFLOP/s | of roofline | baseline (us) | speedup |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut failures = Vec::new();
+    // Logits of standard deviation about 2.7 (q in ±4, k in ±2 over 256 dims, scale 1/16): a
+    // softmax neither flat nor one-hot.
+    let big_cache = [
+        random_bf16(&mut rng, vec![4096, HEADS, D1], 2.0),
+        random_bf16(&mut rng, vec![4096, D2], 2.0),
+        random_bf16(&mut rng, vec![4096, HEADS, DV], 1.0),
+    ];
+    let big_q = [
+        random_bf16(&mut rng, vec![4096, HEADS, D1], 4.0),
+        random_bf16(&mut rng, vec![4096, HEADS, D2], 4.0),
+    ];
+    for (case, rows, cache, start) in [
+        ("prefill", 4096usize, 4096usize, 0usize),
+        ("chunked prefill after 3584", 512, 4096, 3584),
+        ("one token", 1, 1, 0),
+        ("odd, after a cache", 7, 19, 12),
+        ("odd prefill", 67, 67, 0),
+        ("odd chunk", 100, 300, 200),
+    ] {
+        let (k_all, q_all): (Vec<Tensor>, Vec<Tensor>) = if cache == 4096 {
+            let q_rows: Vec<usize> = (start..start + rows).collect();
+            (
+                big_cache.to_vec(),
+                big_q.iter().map(|q| pick_rows(q, &q_rows)).collect(),
+            )
+        } else {
+            (
+                vec![
+                    random_bf16(&mut rng, vec![cache, HEADS, D1], 2.0),
+                    random_bf16(&mut rng, vec![cache, D2], 2.0),
+                    random_bf16(&mut rng, vec![cache, HEADS, DV], 1.0),
+                ],
+                vec![
+                    random_bf16(&mut rng, vec![rows, HEADS, D1], 4.0),
+                    random_bf16(&mut rng, vec![rows, HEADS, D2], 4.0),
+                ],
+            )
+        };
+        let positions =
+            Tensor::i64(vec![rows], (start as i64..(start + rows) as i64).collect()).unwrap();
+        let ins = vec![
+            q_all[0].clone(),
+            q_all[1].clone(),
+            k_all[0].clone(),
+            k_all[1].clone(),
+            k_all[2].clone(),
+            positions.clone(),
+        ];
+        let b = Bindings::from([("s".into(), rows as u64), ("t".into(), cache as u64)]);
+        let flash = run_on_gpu(&dev, &flash_module, limits, &ins, &b, true);
+        let kernel = launched(&flash.phase, &b).join(",");
+        let at = &flash.phase.results[0].1;
+        let got = gather(&bytes_of(&flash, at), at, &b);
+        drop(flash.arena);
+        let base = run_on_gpu(&dev, &baseline_module, limits, &ins, &b, true);
+        let base_kernel = launched(&base.phase, &b).join(",");
+        assert!(
+            base_kernel.starts_with("glmc_attention_") && !base_kernel.contains("flash"),
+            "{base_kernel}"
+        );
+        let at = &base.phase.results[0].1;
+        let want = gather(&bytes_of(&base, at), at, &b);
+        let vs_base = match attention_close(&got, &want, DV) {
+            Ok(e) => format!("{e:.1e}"),
+            Err(why) => {
+                failures.push(format!("{case}: flash vs baseline: {why}"));
+                "FAIL".into()
+            }
+        };
+        // The first, last and a spread of rows in between.
+        let mut sample: Vec<usize> = (0..8).map(|i| i * rows / 8).chain([rows - 1]).collect();
+        sample.dedup();
+        let sampled: Vec<Tensor> = ins
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if [0, 1, 5].contains(&i) {
+                    pick_rows(t, &sample)
+                } else {
+                    t.clone()
+                }
+            })
+            .collect();
+        let reference = interpret(&flash_module, &flash_fn, &sampled).unwrap();
+        let reference: Vec<f64> = reference[0]
+            .as_f32()
+            .unwrap()
+            .iter()
+            .map(|x| *x as f64)
+            .collect();
+        let got_sampled: Vec<f64> = sample
+            .iter()
+            .flat_map(|&r| got[r * HEADS * DV..(r + 1) * HEADS * DV].iter().copied())
+            .collect();
+        let vs_interp = match attention_close(&got_sampled, &reference, DV) {
+            Ok(e) => format!("{e:.1e} ({})", sample.len()),
+            Err(why) => {
+                failures.push(format!("{case}: flash vs interpreter: {why}"));
+                "FAIL".into()
+            }
+        };
+        let visible: f64 = (start..start + rows).map(|p| (p + 1) as f64).sum();
+        let flops = 2.0 * HEADS as f64 * (D1 + D2 + DV) as f64 * visible;
+        let moved = 2.0 * (rows * HEADS * (D1 + D2 + DV) + cache * (HEADS * (D1 + DV) + D2)) as f64;
+        let t = timed_as(flash.seconds_per_run.unwrap(), moved, flops, copy_gbs);
+        let base_secs = base.seconds_per_run.unwrap();
+        let line = format!(
+            "| {case} | {rows} | {cache} | {kernel} | {vs_base} | {vs_interp} | {} | {:.1} | {:.1}× |",
+            t.cells(),
+            base_secs * 1e6,
+            base_secs / t.secs
+        );
+        println!("{line}");
+        writeln!(report, "{line}").unwrap();
+    }
+    print!("{report}");
+    std::fs::write(out_dir().join("prefill_attention.md"), &report).unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The DSA indexer at GLM-5's sizes (32 heads × 128 dims, top-2048, bf16 queries and keys, bf16
+/// head weights): decode of 1 and 8 sequences at contexts of 2048, 8192 and 32768 (each
+/// sequence's own cache, its last position), and a 4096-row prefill over one cache.
+/// `dsa.score` is checked against the interpreter (f32 within 1e-5 of the largest score; the
+/// prefill on sampled rows), `dsa.topk` exactly against the interpreter's top-k of the same GPU
+/// scores, and as a set against the interpreter's top-k of its own scores in the rows where the
+/// k-th and (k+1)-th best differ by more than that tolerance. Timed over 20 runs each; written to
+/// `indexer.md`.
+#[test]
+#[ignore = "gpu"]
+fn glm5_indexer_matches_and_is_timed() {
+    use glmc_ir::Dim;
+    const HEADS: usize = 32;
+    const DIM: usize = 128;
+    const TOP_K: usize = 2048;
+    let dev = Device::open();
+    let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut rng = Rng(0x1d5a);
+    let mut report = format!(
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; score FLOPs are the causal ones\n\
+         | case | op | kernel | check | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut failures = Vec::new();
+    for (case, phase, rows, context) in [
+        ("decode", "decode", 1usize, 2048usize),
+        ("decode", "decode", 1, 8192),
+        ("decode", "decode", 1, 32768),
+        ("decode", "decode", 8, 2048),
+        ("decode", "decode", 8, 8192),
+        ("decode", "decode", 8, 32768),
+        ("prefill", "prefill", 4096, 4096),
+    ] {
+        let decode = phase == "decode";
+        let sym = if decode { "b" } else { "s" };
+        let (row, t) = (Dim::Sym(sym.into()), Dim::Sym("t".into()));
+        let c = |n: usize| Dim::Const(n as u64);
+        let ty = |dtype, shape: Vec<Dim>| TensorType::new(dtype, shape);
+        let k_shape = if decode {
+            vec![row.clone(), t.clone(), c(DIM)]
+        } else {
+            vec![t.clone(), c(DIM)]
+        };
+        let mut score_fn = Function::new(phase);
+        let q = score_fn.push_input(0, "q", ty(DType::BF16, vec![row.clone(), c(HEADS), c(DIM)]));
+        let w = score_fn.push_input(1, "w", ty(DType::BF16, vec![row.clone(), c(HEADS)]));
+        let k = score_fn.push_input(2, "k", ty(DType::BF16, k_shape));
+        let p = score_fn.push_input(3, "positions", ty(DType::I64, vec![row.clone()]));
+        let node = score_fn
+            .push(Op::DsaScore {}, "scores", &[q, w, k, p])
+            .unwrap();
+        score_fn.results.push(("scores".into(), node.into()));
+        let mut score_module = Module::new("indexer");
+        score_module.functions.push(score_fn.clone());
+        let mut topk_fn = Function::new(phase);
+        let s_in = topk_fn.push_input(0, "scores", ty(DType::F32, vec![row.clone(), t.clone()]));
+        let p = topk_fn.push_input(1, "positions", ty(DType::I64, vec![row.clone()]));
+        let node = topk_fn
+            .push(Op::DsaTopk { k: TOP_K as u64 }, "topk", &[s_in, p])
+            .unwrap();
+        topk_fn.results.push(("topk".into(), node.into()));
+        let mut topk_module = Module::new("indexer");
+        topk_module.functions.push(topk_fn.clone());
+
+        let positions: Vec<i64> = if decode {
+            vec![context as i64 - 1; rows]
+        } else {
+            (0..rows as i64).collect()
+        };
+        let k_rows = if decode { rows * context } else { context };
+        let ins = vec![
+            random_bf16(&mut rng, vec![rows, HEADS, DIM], 1.0),
+            random_bf16(&mut rng, vec![rows, HEADS], 0.1),
+            if decode {
+                random_bf16(&mut rng, vec![rows, context, DIM], 1.0)
+            } else {
+                random_bf16(&mut rng, vec![k_rows, DIM], 1.0)
+            },
+            Tensor::i64(vec![rows], positions.clone()).unwrap(),
+        ];
+        let b = Bindings::from([(sym.into(), rows as u64), ("t".into(), context as u64)]);
+        let limits = Limits {
+            max_prefill_tokens: 4096,
+            max_batch: 8,
+            max_context: context as u64,
+        };
+        let run = run_on_gpu(&dev, &score_module, limits, &ins, &b, true);
+        let kernel = launched(&run.phase, &b).join(",");
+        let at = &run.phase.results[0].1;
+        let scores = gather(&bytes_of(&run, at), at, &b);
+        let sample: Vec<usize> = if decode {
+            (0..rows).collect()
+        } else {
+            (0..16).map(|i| i * rows / 16).chain([rows - 1]).collect()
+        };
+        let sampled: Vec<Tensor> = ins
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if i == 2 && !decode {
+                    t.clone()
+                } else {
+                    pick_rows(t, &sample)
+                }
+            })
+            .collect();
+        let want = interpret(&score_module, &score_fn, &sampled).unwrap();
+        let want: Vec<f64> = want[0]
+            .as_f32()
+            .unwrap()
+            .iter()
+            .map(|x| *x as f64)
+            .collect();
+        let got: Vec<f64> = sample
+            .iter()
+            .flat_map(|&r| scores[r * context..(r + 1) * context].iter().copied())
+            .collect();
+        let check = match compare(&got, &want, DType::F32) {
+            Ok(e) => format!("{e:.1e} ({} rows)", sample.len()),
+            Err(why) => {
+                failures.push(format!("{case} {rows}×{context} dsa.score: {why}"));
+                "FAIL".into()
+            }
+        };
+        let visible: f64 = positions.iter().map(|p| (p + 1) as f64).sum();
+        let moved =
+            2.0 * (rows * HEADS * (DIM + 1) + k_rows * DIM) as f64 + 4.0 * (rows * context) as f64;
+        let t_score = timed_as(
+            run.seconds_per_run.unwrap(),
+            moved,
+            2.0 * (HEADS * DIM) as f64 * visible,
+            copy_gbs,
+        );
+        let line = format!(
+            "| {case} {rows} × {context} | dsa.score | {kernel} | {check} | {} |",
+            t_score.cells()
+        );
+        println!("{line}");
+        writeln!(report, "{line}").unwrap();
+        drop(run);
+
+        // The top-k of the GPU's scores: exactly the interpreter's top-k of the same scores.
+        let gpu_scores = Tensor::f32(
+            vec![rows, context],
+            scores.iter().map(|x| *x as f32).collect(),
+        )
+        .unwrap();
+        let topk_ins = vec![gpu_scores, ins[3].clone()];
+        let run = run_on_gpu(&dev, &topk_module, limits, &topk_ins, &b, true);
+        let kernel = launched(&run.phase, &b).join(",");
+        let at = &run.phase.results[0].1;
+        let picked: Vec<i64> = gather(&bytes_of(&run, at), at, &b)
+            .iter()
+            .map(|x| *x as i64)
+            .collect();
+        let exact = interpret(&topk_module, &topk_fn, &topk_ins).unwrap();
+        let exact = exact[0].as_i64().unwrap();
+        let mut check = if picked == exact {
+            "equal to the interpreter's".to_string()
+        } else {
+            let row = (0..rows)
+                .find(|&r| picked[r * TOP_K..(r + 1) * TOP_K] != exact[r * TOP_K..(r + 1) * TOP_K])
+                .unwrap();
+            failures.push(format!(
+                "{case} {rows}×{context} dsa.topk: row {row} differs from the interpreter's on the same scores"
+            ));
+            "FAIL".to_string()
+        };
+        // Against the interpreter's own scores, as sets, where the cut is clear.
+        let scale = want
+            .iter()
+            .filter(|x| x.is_finite())
+            .fold(0f64, |m, x| m.max(x.abs()));
+        let (mut clear, mut differ) = (0, 0);
+        for (i, &r) in sample.iter().enumerate() {
+            let valid = positions[r] as usize + 1;
+            if valid <= TOP_K {
+                continue;
+            }
+            let mut row: Vec<(f64, usize)> = want[i * context..i * context + valid]
+                .iter()
+                .copied()
+                .zip(0..)
+                .collect();
+            row.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            if row[TOP_K - 1].0 - row[TOP_K].0 <= 1e-5 * scale {
+                continue;
+            }
+            clear += 1;
+            let mut want_set: Vec<i64> = row[..TOP_K].iter().map(|(_, j)| *j as i64).collect();
+            let mut got_set = picked[r * TOP_K..(r + 1) * TOP_K].to_vec();
+            want_set.sort_unstable();
+            got_set.sort_unstable();
+            if want_set != got_set {
+                differ += 1;
+            }
+        }
+        if differ > 0 {
+            failures.push(format!(
+                "{case} {rows}×{context} dsa.topk: {differ} of {clear} rows with a clear cut select other keys than the interpreter's scores"
+            ));
+        }
+        write!(
+            check,
+            "; sets equal in {}/{clear} clear rows",
+            clear - differ
+        )
+        .unwrap();
+        let moved = 4.0 * visible + 8.0 * (rows * TOP_K) as f64;
+        let t_topk = timed_as(run.seconds_per_run.unwrap(), moved, 0.0, copy_gbs);
+        let line = format!(
+            "| {case} {rows} × {context} | dsa.topk | {kernel} | {check} | {} |",
+            t_topk.cells()
+        );
+        println!("{line}");
+        writeln!(report, "{line}").unwrap();
+    }
+    print!("{report}");
+    std::fs::write(out_dir().join("indexer.md"), &report).unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -34,6 +34,24 @@ pub fn module_with(file: &str, change: impl FnOnce(&mut ModelConfig)) -> (ModelC
     (config, module)
 }
 
+/// A shipped config through the default pipeline with dense attention (`--attention dense`):
+/// the prefill keeps expanded `mla.attend`.
+pub fn dense_module(file: &str) -> Module {
+    let config = ModelConfig::load(&repo_root().join("models").join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut module = glmc_models::builder::build(&config, &Default::default())
+        .expect("the shipped config builds");
+    let options = PipelineOptions {
+        attention: glmc_passes::AttentionChoice::Dense,
+        ..Default::default()
+    };
+    pipeline(&options)
+        .expect("the pipeline")
+        .run(&mut module)
+        .expect("the pipeline runs");
+    module
+}
+
 pub const LIMITS: Limits = Limits {
     max_prefill_tokens: 256,
     max_batch: 8,

@@ -1,0 +1,244 @@
+//! Tensor-core kernels for long prefills: dense expanded attention (`attention_flash.cu`) and the
+//! indexer's scores (`dsa_score_mma.cu`). Each returns why it does not apply, and the caller
+//! keeps the baseline kernel then.
+
+use glmc_ir::DType;
+
+use super::{
+    cache_operand, const_dim, float, int, per_head_rows, plain_rows, positions_ok, Builder,
+    Lowering, NodeCtx,
+};
+use crate::expr::{GridDim, Poly};
+use crate::layout::TensorRef;
+use crate::target::Target;
+
+/// Query rows per block of the flash kernel (4 warps of 16) and keys per streamed tile; the
+/// template fixes both.
+const FLASH_ROWS: u64 = 64;
+const FLASH_KEYS: u64 = 64;
+/// The widest value head the flash kernel holds: its accumulator takes `dv / 2` registers a
+/// thread, and 256 leaves room for the logits and addresses within 255.
+const FLASH_MAX_DV: u64 = 256;
+
+/// Keys per tile of the indexer kernel (the template's `BN`) and its warps.
+const SCORE_KEYS: u64 = 128;
+const SCORE_WARPS: u64 = 8;
+/// Accumulator registers a thread may hold in the indexer kernel (`heads × rows / 2`).
+const SCORE_MAX_ACC: u64 = 64;
+
+/// What a block may use: the most SM120 gives one block, which the H200 also allows.
+fn shared_limit() -> u64 {
+    Target::Sm120.tile_shared_memory_limit() as u64
+}
+
+/// Bytes of a bf16 tile of `rows` rows of `dim` elements as the templates lay it out: rows of a
+/// multiple of 64 elements swizzled in place, others padded by one 16-byte chunk.
+fn tile_bytes(rows: u64, dim: u64) -> u64 {
+    let chunks = dim / 8;
+    rows * if chunks.is_multiple_of(8) {
+        chunks
+    } else {
+        chunks + 1
+    } * 16
+}
+
+/// Whether `r` is bf16, starts on 16 bytes and each stride is a whole number of 8-element
+/// (16-byte) vectors, as cp.async needs.
+fn vectors(r: &TensorRef, strides: &[&Poly], what: &str) -> Result<(), String> {
+    if r.dtype != DType::BF16 {
+        return Err(format!(
+            "{what} is {} (the tensor cores take bf16)",
+            r.dtype
+        ));
+    }
+    if !r.offset_bytes.divisible_by(16) || !strides.iter().all(|s| s.divisible_by(8)) {
+        return Err(format!("{what} is not in 16-byte vectors ({r})"));
+    }
+    Ok(())
+}
+
+/// Dense expanded `mla.attend` over a prefill's cache (one for all rows) with the flash kernel.
+pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, String> {
+    let ops = cx.operands;
+    let out = &cx.outputs[0];
+    let (q1, q2, k1, k2, v, positions) = (&ops[0], &ops[1], &ops[2], &ops[3], &ops[4], &ops[5]);
+    let (q1_row, q1_head, d1) = per_head_rows(q1, "the first query part")?;
+    let (q2_row, q2_head, d2) = per_head_rows(q2, "the rope query part")?;
+    let (out_row, out_head, dv) = per_head_rows(out, "the output")?;
+    let heads = const_dim(q1, 1, "the first query part")?;
+    let kc1 = cache_operand(k1, true, "the first key part")?;
+    let kc2 = cache_operand(k2, false, "the rope key")?;
+    let vc = cache_operand(v, true, "the values")?;
+    if [&kc1.seq, &kc2.seq, &vc.seq]
+        .iter()
+        .any(|s| **s != Poly::zero())
+    {
+        return Err("the caches are per sequence (a decode), not one for all rows".into());
+    }
+    if !d1.is_multiple_of(8) || !d2.is_multiple_of(8) || !(d1 + d2).is_multiple_of(16) {
+        return Err(format!(
+            "query dims {d1}+{d2} are not 8-element parts of a multiple of 16"
+        ));
+    }
+    if !dv.is_multiple_of(16) || dv > FLASH_MAX_DV {
+        return Err(format!(
+            "value dim {dv} is not a multiple of 16 up to {FLASH_MAX_DV}"
+        ));
+    }
+    vectors(q1, &[&q1_row, &q1_head], "the first query part")?;
+    vectors(q2, &[&q2_row, &q2_head], "the rope query part")?;
+    vectors(k1, &[&kc1.key, &kc1.head], "the first key part")?;
+    vectors(k2, &[&kc2.key], "the rope key")?;
+    vectors(v, &[&vc.key, &vc.head], "the values")?;
+    positions_ok(positions)?;
+    let shared = tile_bytes(FLASH_ROWS, d1 + d2)
+        + tile_bytes(FLASH_KEYS, d1 + d2)
+        + tile_bytes(FLASH_KEYS, dv);
+    if shared > shared_limit() {
+        return Err(format!(
+            "Q, K and V tiles take {shared} bytes of shared memory (at most {})",
+            shared_limit()
+        ));
+    }
+    let b = Builder::new("attention_flash", 128)
+        .param("op", cx.node.op.name())
+        .param("d1", d1)
+        .param("d2", d2)
+        .param("dv", dv)
+        .param("heads", heads)
+        .param("smem_kib", shared.div_ceil(1024))
+        .dtype("out_t", out.dtype)?
+        .shared(shared as u32, true);
+    let rows = out.shape[0].clone();
+    let args = vec![
+        cx.ptr("out", out),
+        int("out_row", out_row),
+        int("out_head", out_head),
+        cx.ptr("q1", q1),
+        int("q1_row", q1_row),
+        int("q1_head", q1_head),
+        cx.ptr("q2", q2),
+        int("q2_row", q2_row),
+        int("q2_head", q2_head),
+        cx.ptr("k1", k1),
+        int("k1_key", kc1.key),
+        int("k1_head", kc1.head),
+        cx.ptr("k2", k2),
+        int("k2_key", kc2.key),
+        cx.ptr("v", v),
+        int("v_key", vc.key),
+        int("v_head", vc.head),
+        cx.ptr("positions", positions),
+        int("rows", rows.clone()),
+        float("scale", scale),
+    ];
+    // Whole row tiles times the heads; blocks past the last row tile return at once.
+    let grid = GridDim {
+        work: rows
+            .add(&Poly::constant(FLASH_ROWS as i64 - 1))
+            .scale(heads as i64),
+        per_block: FLASH_ROWS,
+    };
+    Ok(b.launch(grid, args))
+}
+
+/// `dsa.score` with bf16 queries and keys on the tensor cores.
+pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
+    let out = &cx.outputs[0];
+    let (q, w, k, positions) = (
+        &cx.operands[0],
+        &cx.operands[1],
+        &cx.operands[2],
+        &cx.operands[3],
+    );
+    let (q_row, q_head, dim) = per_head_rows(q, "q")?;
+    let heads = const_dim(q, 1, "q")?;
+    let (_, w_row) = plain_rows(w, 1, "w")?;
+    let (rows, out_row) = plain_rows(out, 1, "the scores")?;
+    let kc = cache_operand(k, false, "k")?;
+    if kc.dim != dim {
+        return Err(format!("q has {dim} dims, the keys {}", kc.dim));
+    }
+    if out.dtype != DType::F32 {
+        return Err(format!("scores must be f32 ({out})"));
+    }
+    if !heads.is_multiple_of(16) || !dim.is_multiple_of(16) {
+        return Err(format!(
+            "{heads} heads of {dim} are not multiples of the 16 × 16 MMA tile"
+        ));
+    }
+    vectors(q, &[&q_row, &q_head], "q")?;
+    vectors(k, &[&kc.seq, &kc.key], "k")?;
+    positions_ok(positions)?;
+    let shared_for = |r: u64| tile_bytes(r * heads, dim) + 2 * tile_bytes(SCORE_KEYS, dim);
+    // Rows sharing a block share its key tiles, so a prefill takes as many as fit; a decode's
+    // rows read caches of their own.
+    let per_block = if kc.seq == Poly::zero() {
+        [4, 2, 1]
+            .into_iter()
+            .find(|&r| heads * r / 2 <= SCORE_MAX_ACC && shared_for(r) <= shared_limit())
+    } else {
+        Some(1).filter(|_| heads / 2 <= SCORE_MAX_ACC && shared_for(1) <= shared_limit())
+    }
+    .ok_or_else(|| {
+        format!("{heads} heads of {dim} do not fit one block's registers and shared memory")
+    })?;
+    // Enough keys a block that the queries are read rarely, few enough that a decode of one
+    // sequence still spreads over the GPU.
+    let tiles = if per_block > 1 { 4 } else { 2 };
+    let chunk = tiles * SCORE_KEYS;
+    let shared = shared_for(per_block);
+    let b = Builder::new("dsa_score_mma", (SCORE_WARPS * 32) as u32)
+        .param("heads", heads)
+        .param("dim", dim)
+        .param("rows", per_block)
+        .param("tiles", tiles)
+        .param("warp_keys", SCORE_KEYS * per_block / SCORE_WARPS)
+        .param("smem_kib", shared.div_ceil(1024))
+        .dtype("w_t", w.dtype)?
+        .shared(shared as u32, true);
+    let keys = out.shape[1].clone();
+    let args = vec![
+        cx.ptr("out", out),
+        int("out_row", out_row),
+        cx.ptr("q", q),
+        int("q_row", q_row),
+        int("q_head", q_head),
+        cx.ptr("w", w),
+        int("w_row", w_row),
+        cx.ptr("k", k),
+        int("k_seq", kc.seq),
+        int("k_key", kc.key),
+        cx.ptr("positions", positions),
+        int("rows", rows.clone()),
+        int("keys", keys.clone()),
+    ];
+    // At least (row tiles) × (key chunks) blocks; the ones past the last row tile return.
+    let grid = GridDim {
+        work: rows
+            .add(&Poly::constant(per_block as i64 - 1))
+            .mul(&keys.add(&Poly::constant(chunk as i64 - 1))),
+        per_block: per_block * chunk,
+    };
+    Ok(b.launch(grid, args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_of_a_multiple_of_64_are_swizzled_others_padded() {
+        assert_eq!(tile_bytes(64, 256), 64 * 256 * 2);
+        assert_eq!(tile_bytes(64, 48), 64 * (48 + 8) * 2);
+    }
+
+    #[test]
+    fn glm5_tiles_fit_sm120() {
+        let flash = tile_bytes(64, 192 + 64) * 2 + tile_bytes(64, 256);
+        assert_eq!(flash, 96 * 1024);
+        assert!(flash <= shared_limit());
+        let score = tile_bytes(4 * 32, 128) + 2 * tile_bytes(SCORE_KEYS, 128);
+        assert_eq!(score, 96 * 1024);
+    }
+}
