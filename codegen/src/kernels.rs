@@ -204,15 +204,34 @@ impl Builder {
         self
     }
 
-    fn launch(self, grid: GridDim, args: Vec<Arg>) -> Lowering {
-        Lowering::Launch(Planned {
+    fn planned(self, grid: GridDim, args: Vec<Arg>) -> Planned {
+        Planned {
             spec: self.spec,
             grid,
             args,
             when: None,
             note: None,
-        })
+        }
     }
+
+    fn launch(self, grid: GridDim, args: Vec<Arg>) -> Lowering {
+        Lowering::Launch(self.planned(grid, args))
+    }
+}
+
+/// Whether `r` is bf16, starts on 16 bytes and each of `strides` is a whole number of 8-element
+/// (16-byte) vectors, as the tensor-core kernels' `cp.async` copies need.
+fn bf16_vectors(r: &TensorRef, strides: &[&Poly], what: &str) -> Result<(), String> {
+    if r.dtype != DType::BF16 {
+        return Err(format!(
+            "{what} is {} (the tensor cores take bf16)",
+            r.dtype
+        ));
+    }
+    if !r.offset_bytes.divisible_by(16) || !strides.iter().all(|s| s.divisible_by(8)) {
+        return Err(format!("{what} is not in 16-byte vectors ({r})"));
+    }
+    Ok(())
 }
 
 /// The rows view of operand or output `what`, or why there is none.
@@ -972,10 +991,7 @@ fn matmul(
             .scale(col_tiles as i64),
         per_block: tile.rows,
     };
-    let Lowering::Launch(planned) = b.launch(grid, args) else {
-        unreachable!("a builder makes one launch")
-    };
-    Ok((planned, xl.rows))
+    Ok((b.planned(grid, args), xl.rows))
 }
 
 /// A key/value cache operand `[(b,) t, (H,) d]`: (sequence, key, head) strides and `d`.
@@ -1033,12 +1049,12 @@ fn attention(
     dense_until: u64,
     scale: f64,
 ) -> Result<Lowering, String> {
-    // The expanded dense form takes the flash kernel where it fits; otherwise the baseline
-    // says why not.
+    // The expanded dense form takes the flash kernel where it fits; otherwise the baseline's
+    // launch says why not.
     let why_not_flash = if absorbed {
         None
     } else if sparse {
-        Some("top-k attention runs on the baseline".to_string())
+        Some("the flash kernel is dense; top-k attention runs here".to_string())
     } else {
         match prefill::flash_attention(cx, scale) {
             Ok(l) => return Ok(l),
@@ -1076,7 +1092,7 @@ fn attention(
             Some(why) => Some(format!("baseline: {why}")),
         }
     } else {
-        None
+        why_not_flash.map(|why| format!("baseline: {why}"))
     };
     let items = dv.div_ceil(ATTENTION_THREADS as u64).max(1);
     let words = cx.max_context.div_ceil(32).max(1);
@@ -1095,9 +1111,6 @@ fn attention(
         .dtype("k1_t", k1.dtype)?
         .dtype("k2_t", k2.dtype)?
         .dtype("v_t", v.dtype)?;
-    if let Some(why) = why_not_flash {
-        b = b.param("why_not_flash", why);
-    }
     let mut args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),
@@ -1147,13 +1160,11 @@ fn attention(
     let rows = out.shape[0].clone();
     args.push(int("rows", rows.clone()));
     args.push(float("scale", scale));
-    let mut lowering = b
+    let mut planned = b
         .shared(shared as u32, false)
-        .launch(GridDim::one_block_each(rows.scale(heads as i64)), args);
-    if let Lowering::Launch(planned) = &mut lowering {
-        planned.note = note;
-    }
-    Ok(lowering)
+        .planned(GridDim::one_block_each(rows.scale(heads as i64)), args);
+    planned.note = note;
+    Ok(Lowering::Launch(planned))
 }
 
 /// Latent and rope widths the tensor-core absorbed attention is tiled for (GLM-5's, and
@@ -1226,11 +1237,11 @@ fn mla_refusal(cx: &NodeCtx, heads: u64) -> Option<String> {
         (&ops[3], "the rope cache"),
         (out, "the output"),
     ];
-    if let Some(dtype) = tensors.iter().find(|(t, _)| t.dtype != DType::BF16) {
-        return Some(format!(
-            "the tensor-core kernel is bf16, {} is {}",
-            dtype.1, dtype.0.dtype
-        ));
+    for (t, what) in tensors {
+        let strides: Vec<&Poly> = t.strides[..t.strides.len() - 1].iter().collect();
+        if let Err(why) = bf16_vectors(t, &strides, what) {
+            return Some(why);
+        }
     }
     let width = |t: &TensorRef| t.shape.last().and_then(|d| d.as_const());
     if width(&ops[0]) != Some(MLA_LATENT as i64) || width(&ops[1]) != Some(MLA_ROPE as i64) {
@@ -1244,18 +1255,6 @@ fn mla_refusal(cx: &NodeCtx, heads: u64) -> Option<String> {
         return Some(format!(
             "the tensor-core kernel takes {MLA_HEAD_TILE} heads a block (or all of at most {MLA_HEAD_TILE}), not {heads}"
         ));
-    }
-    let aligned = tensors.iter().all(|(t, _)| {
-        t.offset_bytes.divisible_by(16)
-            && t.strides[..t.strides.len() - 1]
-                .iter()
-                .all(|s| s.divisible_by(8))
-    });
-    if !aligned {
-        return Some(
-            "the tensor-core kernel copies 16-byte vectors, and a row is not 16-byte aligned"
-                .into(),
-        );
     }
     if out.shape[0].eval(cx.limits).is_none() {
         return Some(format!(
@@ -1367,9 +1366,7 @@ fn mla_absorbed(
             float("scale_log2", scale * std::f64::consts::LOG2_E),
         ]);
         let grid = GridDim::one_block_each(rows.scale((groups * tier.splits) as i64));
-        let Lowering::Launch(mut planned) = b.launch(grid, args) else {
-            unreachable!("a builder makes one launch")
-        };
+        let mut planned = b.planned(grid, args);
         planned.when = when.clone();
         launches.push((planned, cx.sources.take()));
         if !direct {
@@ -1382,11 +1379,7 @@ fn mla_absorbed(
                 int("splits", Poly::constant(tier.splits as i64)),
             ];
             let grid = GridDim::one_block_each(rows.scale(heads as i64));
-            let Lowering::Launch(mut planned) =
-                spec("mla_merge", MLA_MERGE_THREADS).launch(grid, args)
-            else {
-                unreachable!("a builder makes one launch")
-            };
+            let mut planned = spec("mla_merge", MLA_MERGE_THREADS).planned(grid, args);
             planned.when = when;
             launches.push((planned, cx.sources.take()));
         }
@@ -1396,10 +1389,11 @@ fn mla_absorbed(
 
 fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
     // bf16 operands in tiles of 16 take the tensor cores; the f32 validation mode and other
-    // shapes keep the SIMT kernel below.
-    if let Ok(l) = prefill::mma_score(cx) {
-        return Ok(l);
-    }
+    // shapes keep the SIMT kernel below, whose launch says why.
+    let why_not_mma = match prefill::mma_score(cx) {
+        Ok(l) => return Ok(l),
+        Err(why) => why,
+    };
     cx.sources.borrow_mut().clear();
     let out = &cx.outputs[0];
     let (q, w, k, positions) = (
@@ -1450,13 +1444,15 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
         int("rows", rows.clone()),
         int("keys", keys.clone()),
     ];
-    Ok(b.launch(
+    let mut planned = b.planned(
         GridDim {
             work: rows.mul(&keys.add(&Poly::constant(SCORE_TILE as i64 - 1))),
             per_block: SCORE_TILE,
         },
         args,
-    ))
+    );
+    planned.note = Some(format!("baseline: {why_not_mma}"));
+    Ok(Lowering::Launch(planned))
 }
 
 fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {

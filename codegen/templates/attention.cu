@@ -8,9 +8,6 @@
 // online-softmax update to its {{ items }} value dims, in f32. Shared memory stays a few KiB (SM120
 // allows 99 KiB), and a chunk without a visible key costs no barrier. A row that sees no key
 // gets zeros.
-{%- if why_not_flash %}
-// Not the flash kernel: {{ why_not_flash }}.
-{%- endif %}
 extern "C" __global__ void __launch_bounds__(128, 1) {{ name }}(
     {{ out_t }}* __restrict__ out, i64 out_row, i64 out_head,
     const {{ q1_t }}* __restrict__ q1, i64 q1_row, i64 q1_head,

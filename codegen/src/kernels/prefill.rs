@@ -5,11 +5,10 @@
 use glmc_ir::DType;
 
 use super::{
-    cache_operand, const_dim, float, int, per_head_rows, plain_rows, positions_ok, Builder,
-    Lowering, NodeCtx,
+    bf16_vectors, cache_operand, const_dim, float, int, per_head_rows, plain_rows, positions_ok,
+    Builder, Lowering, NodeCtx,
 };
 use crate::expr::{GridDim, Poly};
-use crate::layout::TensorRef;
 use crate::target::Target;
 
 /// Query rows per block of the flash kernel (4 warps of 16) and keys per streamed tile; the
@@ -42,21 +41,6 @@ fn tile_bytes(rows: u64, dim: u64) -> u64 {
     } * 16
 }
 
-/// Whether `r` is bf16, starts on 16 bytes and each stride is a whole number of 8-element
-/// (16-byte) vectors, as cp.async needs.
-fn vectors(r: &TensorRef, strides: &[&Poly], what: &str) -> Result<(), String> {
-    if r.dtype != DType::BF16 {
-        return Err(format!(
-            "{what} is {} (the tensor cores take bf16)",
-            r.dtype
-        ));
-    }
-    if !r.offset_bytes.divisible_by(16) || !strides.iter().all(|s| s.divisible_by(8)) {
-        return Err(format!("{what} is not in 16-byte vectors ({r})"));
-    }
-    Ok(())
-}
-
 /// Dense expanded `mla.attend` over a prefill's cache (one for all rows) with the flash kernel.
 pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, String> {
     let ops = cx.operands;
@@ -85,11 +69,11 @@ pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, Stri
             "value dim {dv} is not a multiple of 16 up to {FLASH_MAX_DV}"
         ));
     }
-    vectors(q1, &[&q1_row, &q1_head], "the first query part")?;
-    vectors(q2, &[&q2_row, &q2_head], "the rope query part")?;
-    vectors(k1, &[&kc1.key, &kc1.head], "the first key part")?;
-    vectors(k2, &[&kc2.key], "the rope key")?;
-    vectors(v, &[&vc.key, &vc.head], "the values")?;
+    bf16_vectors(q1, &[&q1_row, &q1_head], "the first query part")?;
+    bf16_vectors(q2, &[&q2_row, &q2_head], "the rope query part")?;
+    bf16_vectors(k1, &[&kc1.key, &kc1.head], "the first key part")?;
+    bf16_vectors(k2, &[&kc2.key], "the rope key")?;
+    bf16_vectors(v, &[&vc.key, &vc.head], "the values")?;
     positions_ok(positions)?;
     let shared = tile_bytes(FLASH_ROWS, d1 + d2)
         + tile_bytes(FLASH_KEYS, d1 + d2)
@@ -167,8 +151,8 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
             "{heads} heads of {dim} are not multiples of the 16 × 16 MMA tile"
         ));
     }
-    vectors(q, &[&q_row, &q_head], "q")?;
-    vectors(k, &[&kc.seq, &kc.key], "k")?;
+    bf16_vectors(q, &[&q_row, &q_head], "q")?;
+    bf16_vectors(k, &[&kc.seq, &kc.key], "k")?;
     positions_ok(positions)?;
     let shared_for = |r: u64| tile_bytes(r * heads, dim) + 2 * tile_bytes(SCORE_KEYS, dim);
     // Rows sharing a block share its key tiles, so a prefill takes as many as fit; a decode's
