@@ -1387,14 +1387,24 @@ fn mla_absorbed(
     Ok(Lowering::Launches(launches))
 }
 
-fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
-    // bf16 operands in tiles of 16 take the tensor cores; the f32 validation mode and other
-    // shapes keep the SIMT kernel below, whose launch says why.
-    let why_not_mma = match prefill::mma_score(cx) {
-        Ok(l) => return Ok(l),
-        Err(why) => why,
-    };
-    cx.sources.borrow_mut().clear();
+/// `dsa.score`'s operands as both of its kernels address them.
+pub(super) struct ScoreOperands<'a> {
+    out: &'a TensorRef,
+    q: &'a TensorRef,
+    w: &'a TensorRef,
+    k: &'a TensorRef,
+    positions: &'a TensorRef,
+    q_row: Poly,
+    q_head: Poly,
+    w_row: Poly,
+    rows: Poly,
+    out_row: Poly,
+    kc: Cache,
+    heads: u64,
+    dim: u64,
+}
+
+pub(super) fn score_operands<'a>(cx: &'a NodeCtx) -> Result<ScoreOperands<'a>, String> {
     let out = &cx.outputs[0];
     let (q, w, k, positions) = (
         &cx.operands[0],
@@ -1410,7 +1420,50 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
     if kc.dim != dim {
         return Err(format!("q has {dim} dims, the keys {}", kc.dim));
     }
+    if out.dtype != DType::F32 {
+        return Err(format!("scores must be f32 ({out})"));
+    }
     positions_ok(positions)?;
+    Ok(ScoreOperands {
+        out,
+        q,
+        w,
+        k,
+        positions,
+        q_row,
+        q_head,
+        w_row,
+        rows,
+        out_row,
+        kc,
+        heads,
+        dim,
+    })
+}
+
+fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
+    // bf16 operands in tiles of 16 take the tensor cores; the f32 validation mode and other
+    // shapes keep the SIMT kernel below, whose launch says why.
+    let why_not_mma = match prefill::mma_score(cx) {
+        Ok(l) => return Ok(l),
+        Err(why) => why,
+    };
+    cx.sources.borrow_mut().clear();
+    let ScoreOperands {
+        out,
+        q,
+        w,
+        k,
+        positions,
+        q_row,
+        q_head,
+        w_row,
+        rows,
+        out_row,
+        kc,
+        heads,
+        dim,
+    } = score_operands(cx)?;
     let shared = heads * (dim + 1) * 4 + heads * 4;
     if shared > STATIC_SHARED_LIMIT {
         return Err(format!(
@@ -1426,9 +1479,6 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
         .dtype("w_t", w.dtype)?
         .dtype("k_t", k.dtype)?
         .shared(shared as u32, false);
-    if out.dtype != DType::F32 {
-        return Err(format!("scores must be f32 ({out})"));
-    }
     let args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),

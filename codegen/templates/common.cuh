@@ -123,6 +123,16 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
 // every kernel in this file shares the name.
 extern __shared__ __align__(16) unsigned char dynamic_smem[];
 
+// Zeroes MI × NI m16n8 accumulator tiles.
+template <int MI, int NI> __device__ __forceinline__ void zero_tiles(float (&acc)[MI][NI][4]) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+}
+
 // The main loop of the tiled tensor-core GEMMs (gemm_mma, moe_gemm_mma): `steps` K steps of 32
 // through a STAGES-deep cp.async ring, where `load(stage, k0)` issues one stage's copies of the
 // x tile into sx[stage] and the weight tile into sw[stage] (rows LDS elements apart), and the
@@ -133,12 +143,7 @@ template <int BM, int BN, int STAGES, int MI, int NI, typename Load>
 __device__ __forceinline__ void mma_mainloop(float (&acc)[MI][NI][4], const bf16* sx, const bf16* sw,
                                              int steps, int wm, int wn, int lane, Load&& load) {
     constexpr int BK = 32, LDS = BK + 8;
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+    zero_tiles(acc);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < steps) load(s, s * BK);

@@ -101,12 +101,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
         __syncthreads();
         const bf16* const tk = sk + (kt & 1) * tile_elems(BN);
         float acc[MI][NI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+        zero_tiles(acc);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             unsigned a[MI][4], b[NI / 2][4];

@@ -42,12 +42,7 @@
     }
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+    zero_tiles(acc);
 
     // The weight vectors of the next chunk are loaded before this one is multiplied, so each
     // warp keeps two chunks of loads in flight.

@@ -2,11 +2,9 @@
 //! indexer's scores (`dsa_score_mma.cu`). Each returns why it does not apply, and the caller
 //! keeps the baseline kernel then.
 
-use glmc_ir::DType;
-
 use super::{
-    bf16_vectors, cache_operand, const_dim, float, int, per_head_rows, plain_rows, positions_ok,
-    Builder, Lowering, NodeCtx,
+    bf16_vectors, cache_operand, const_dim, float, int, per_head_rows, positions_ok,
+    score_operands, Builder, Lowering, NodeCtx, ScoreOperands,
 };
 use crate::expr::{GridDim, Poly};
 use crate::target::Target;
@@ -128,24 +126,21 @@ pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, Stri
 
 /// `dsa.score` with bf16 queries and keys on the tensor cores.
 pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
-    let out = &cx.outputs[0];
-    let (q, w, k, positions) = (
-        &cx.operands[0],
-        &cx.operands[1],
-        &cx.operands[2],
-        &cx.operands[3],
-    );
-    let (q_row, q_head, dim) = per_head_rows(q, "q")?;
-    let heads = const_dim(q, 1, "q")?;
-    let (_, w_row) = plain_rows(w, 1, "w")?;
-    let (rows, out_row) = plain_rows(out, 1, "the scores")?;
-    let kc = cache_operand(k, false, "k")?;
-    if kc.dim != dim {
-        return Err(format!("q has {dim} dims, the keys {}", kc.dim));
-    }
-    if out.dtype != DType::F32 {
-        return Err(format!("scores must be f32 ({out})"));
-    }
+    let ScoreOperands {
+        out,
+        q,
+        w,
+        k,
+        positions,
+        q_row,
+        q_head,
+        w_row,
+        rows,
+        out_row,
+        kc,
+        heads,
+        dim,
+    } = score_operands(cx)?;
     if !heads.is_multiple_of(16) || !dim.is_multiple_of(16) {
         return Err(format!(
             "{heads} heads of {dim} are not multiples of the 16 × 16 MMA tile"
@@ -153,7 +148,6 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
     }
     bf16_vectors(q, &[&q_row, &q_head], "q")?;
     bf16_vectors(k, &[&kc.seq, &kc.key], "k")?;
-    positions_ok(positions)?;
     let shared_for = |r: u64| tile_bytes(r * heads, dim) + 2 * tile_bytes(SCORE_KEYS, dim);
     // Rows sharing a block share its key tiles, so a prefill takes as many as fit; a decode's
     // rows read caches of their own.
