@@ -1399,9 +1399,32 @@ pub(super) struct ScoreOperands<'a> {
     w_row: Poly,
     rows: Poly,
     out_row: Poly,
+    /// Keys per row of the scores.
+    keys: Poly,
     kc: Cache,
     heads: u64,
     dim: u64,
+}
+
+impl ScoreOperands<'_> {
+    /// The pointer and stride arguments both kernels take, in their order.
+    fn args(&self, cx: &NodeCtx) -> Vec<Arg> {
+        vec![
+            cx.ptr("out", self.out),
+            int("out_row", self.out_row.clone()),
+            cx.ptr("q", self.q),
+            int("q_row", self.q_row.clone()),
+            int("q_head", self.q_head.clone()),
+            cx.ptr("w", self.w),
+            int("w_row", self.w_row.clone()),
+            cx.ptr("k", self.k),
+            int("k_seq", self.kc.seq.clone()),
+            int("k_key", self.kc.key.clone()),
+            cx.ptr("positions", self.positions),
+            int("rows", self.rows.clone()),
+            int("keys", self.keys.clone()),
+        ]
+    }
 }
 
 pub(super) fn score_operands<'a>(cx: &'a NodeCtx) -> Result<ScoreOperands<'a>, String> {
@@ -1424,6 +1447,7 @@ pub(super) fn score_operands<'a>(cx: &'a NodeCtx) -> Result<ScoreOperands<'a>, S
         return Err(format!("scores must be f32 ({out})"));
     }
     positions_ok(positions)?;
+    let keys = out.shape[1].clone();
     Ok(ScoreOperands {
         out,
         q,
@@ -1435,6 +1459,7 @@ pub(super) fn score_operands<'a>(cx: &'a NodeCtx) -> Result<ScoreOperands<'a>, S
         w_row,
         rows,
         out_row,
+        keys,
         kc,
         heads,
         dim,
@@ -1449,54 +1474,28 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
         Err(why) => why,
     };
     cx.sources.borrow_mut().clear();
-    let ScoreOperands {
-        out,
-        q,
-        w,
-        k,
-        positions,
-        q_row,
-        q_head,
-        w_row,
-        rows,
-        out_row,
-        kc,
-        heads,
-        dim,
-    } = score_operands(cx)?;
+    let o = score_operands(cx)?;
+    let (heads, dim) = (o.heads, o.dim);
     let shared = heads * (dim + 1) * 4 + heads * 4;
     if shared > STATIC_SHARED_LIMIT {
         return Err(format!(
             "{heads} indexer heads of {dim} take {shared} bytes of shared memory (at most {STATIC_SHARED_LIMIT})"
         ));
     }
-    let keys = out.shape[1].clone();
     let b = Builder::new("dsa_score", 256)
         .param("heads", heads)
         .param("dim", dim)
         .param("tile", SCORE_TILE)
-        .dtype("q_t", q.dtype)?
-        .dtype("w_t", w.dtype)?
-        .dtype("k_t", k.dtype)?
+        .dtype("q_t", o.q.dtype)?
+        .dtype("w_t", o.w.dtype)?
+        .dtype("k_t", o.k.dtype)?
         .shared(shared as u32, false);
-    let args = vec![
-        cx.ptr("out", out),
-        int("out_row", out_row),
-        cx.ptr("q", q),
-        int("q_row", q_row),
-        int("q_head", q_head),
-        cx.ptr("w", w),
-        int("w_row", w_row),
-        cx.ptr("k", k),
-        int("k_seq", kc.seq),
-        int("k_key", kc.key),
-        cx.ptr("positions", positions),
-        int("rows", rows.clone()),
-        int("keys", keys.clone()),
-    ];
+    let args = o.args(cx);
     let mut planned = b.planned(
         GridDim {
-            work: rows.mul(&keys.add(&Poly::constant(SCORE_TILE as i64 - 1))),
+            work: o
+                .rows
+                .mul(&o.keys.add(&Poly::constant(SCORE_TILE as i64 - 1))),
             per_block: SCORE_TILE,
         },
         args,

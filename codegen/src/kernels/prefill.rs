@@ -4,7 +4,7 @@
 
 use super::{
     bf16_vectors, cache_operand, const_dim, float, int, per_head_rows, positions_ok,
-    score_operands, Builder, Lowering, NodeCtx, ScoreOperands,
+    score_operands, Builder, Lowering, NodeCtx,
 };
 use crate::expr::{GridDim, Poly};
 use crate::target::Target;
@@ -126,28 +126,15 @@ pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, Stri
 
 /// `dsa.score` with bf16 queries and keys on the tensor cores.
 pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
-    let ScoreOperands {
-        out,
-        q,
-        w,
-        k,
-        positions,
-        q_row,
-        q_head,
-        w_row,
-        rows,
-        out_row,
-        kc,
-        heads,
-        dim,
-    } = score_operands(cx)?;
+    let o = score_operands(cx)?;
+    let (heads, dim, kc) = (o.heads, o.dim, &o.kc);
     if !heads.is_multiple_of(16) || !dim.is_multiple_of(16) {
         return Err(format!(
             "{heads} heads of {dim} are not multiples of the 16 × 16 MMA tile"
         ));
     }
-    bf16_vectors(q, &[&q_row, &q_head], "q")?;
-    bf16_vectors(k, &[&kc.seq, &kc.key], "k")?;
+    bf16_vectors(o.q, &[&o.q_row, &o.q_head], "q")?;
+    bf16_vectors(o.k, &[&kc.seq, &kc.key], "k")?;
     let shared_for = |r: u64| tile_bytes(r * heads, dim) + 2 * tile_bytes(SCORE_KEYS, dim);
     // Rows sharing a block share its key tiles, so a prefill takes as many as fit; a decode's
     // rows read caches of their own.
@@ -173,29 +160,15 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
         .param("tiles", tiles)
         .param("warp_keys", SCORE_KEYS * per_block / SCORE_WARPS)
         .param("smem_kib", shared.div_ceil(1024))
-        .dtype("w_t", w.dtype)?
+        .dtype("w_t", o.w.dtype)?
         .shared(shared as u32, true);
-    let keys = out.shape[1].clone();
-    let args = vec![
-        cx.ptr("out", out),
-        int("out_row", out_row),
-        cx.ptr("q", q),
-        int("q_row", q_row),
-        int("q_head", q_head),
-        cx.ptr("w", w),
-        int("w_row", w_row),
-        cx.ptr("k", k),
-        int("k_seq", kc.seq),
-        int("k_key", kc.key),
-        cx.ptr("positions", positions),
-        int("rows", rows.clone()),
-        int("keys", keys.clone()),
-    ];
+    let args = o.args(cx);
     // At least (row tiles) × (key chunks) blocks; the ones past the last row tile return.
     let grid = GridDim {
-        work: rows
+        work: o
+            .rows
             .add(&Poly::constant(per_block as i64 - 1))
-            .mul(&keys.add(&Poly::constant(chunk as i64 - 1))),
+            .mul(&o.keys.add(&Poly::constant(chunk as i64 - 1))),
         per_block: per_block * chunk,
     };
     Ok(b.launch(grid, args))
