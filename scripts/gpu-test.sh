@@ -10,7 +10,7 @@
 # The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in $OUT
 # (harness.txt, sampling.txt, bandwidth.md, gemm.md, gemm_torch.md, log.txt) and are recorded in
 # tests/gpu/README.md.
-# The oracle's and the traces' GPU tests run the `glmc` binary carried in .gpu/.
+# The oracle's, the traces' and the GLM-5-sized GPU tests run the `glmc` binary carried in .gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -19,14 +19,14 @@ build)
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
     cargo build --release --locked --bin glmc
     cp target/release/glmc .gpu/glmc
-    # The test binaries with GPU tests, by name: the kernel harness, the oracle and the
-    # cross-device traces.
-    cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle --test trace \
+    # The test binaries with GPU tests, by name: the kernel harness, the oracle, the
+    # cross-device traces and the GLM-5-sized runs.
+    cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle --test trace --test glm5_gpu \
         --no-run --message-format=json |
         python3 -c 'import json, shutil, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_kernels", "oracle", "trace"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_kernels", "oracle", "trace", "glm5_gpu"):
         shutil.copy(m["executable"], ".gpu/" + m["target"]["name"])'
     ls -la .gpu
     ;;
@@ -38,7 +38,7 @@ run)
     nvcc --version | tail -1
     shift
     status=0
-    for t in gpu_kernels oracle trace; do
+    for t in gpu_kernels oracle trace glm5_gpu; do
         .gpu/$t --ignored --test-threads=1 --nocapture "$@" 2>&1 | tee -a "$GLMC_GPU_OUT/log.txt" || status=1
     done
     # torch.matmul on the GEMM shapes the harness timed
