@@ -31,6 +31,9 @@ pub enum Command {
     /// Check an HF checkpoint against its config.json before serving it: the config as glmc reads
     /// it, the tensors, the attention path, and every inconsistency (exit 2 when it cannot run).
     Inspect(InspectArgs),
+    /// Measure the model on the GPU: decode step latency and tokens/s per batch and context,
+    /// prefill tokens/s, per-kernel times against the roofline measured in the same run.
+    Bench(BenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -271,4 +274,51 @@ pub struct InspectArgs {
     /// Check against the graph of this attention choice instead of the config's.
     #[arg(long, value_enum)]
     pub attention: Option<AttentionArg>,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A model.ron (with --weights or --random-weights) or an HF checkpoint directory.
+    pub model: PathBuf,
+    /// Only `cuda`: a benchmark measures the GPU (GPU 0).
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub device: DeviceArg,
+    /// The CUDA compiler (default: $GLMC_NVCC, else nvcc on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub nvcc: Option<PathBuf>,
+    /// The checkpoint directory (default: MODEL when it is one).
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// Random weights made on the GPU from SEED instead of a checkpoint; SEED also draws the
+    /// token ids and the caches' contents.
+    #[arg(long, value_name = "SEED", conflicts_with = "weights")]
+    pub random_weights: Option<u64>,
+    /// Decode batch sizes, comma-separated: each runs at every --context.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', num_args = 1.., default_value = "1,8,64")]
+    pub batch: Vec<u64>,
+    /// Decode contexts in tokens (the step's own token included), comma-separated. Every
+    /// sequence's cache is filled with random rows up to the context, not prefilled.
+    #[arg(long, value_name = "T,...", value_delimiter = ',', num_args = 1.., default_value = "1024,8192,32768")]
+    pub context: Vec<u64>,
+    /// Tokens of the prefill that is timed (one sequence, from an empty cache); 0 times none.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub prefill: u64,
+    /// Attention paths to measure, comma-separated (each compiles and loads the model once);
+    /// default: the config's.
+    #[arg(long, value_name = "A,...", value_enum, value_delimiter = ',', num_args = 1..)]
+    pub attention: Vec<AttentionArg>,
+    #[arg(long, value_enum, help = DTYPE_HELP)]
+    pub dtype: Option<DTypeArg>,
+    /// Timed decode steps per batch and context (after the warm-up steps).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub steps: u64,
+    /// Timed prefills.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub prefill_steps: u64,
+    /// Untimed steps before each measurement.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub warmup: u64,
+    /// Write every measurement to this JSON file (schema glmc-bench/1, bench/README.md).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }

@@ -44,7 +44,7 @@ pub fn attention_choice(config: &ModelConfig, arg: Option<AttentionArg>) -> Atte
 }
 
 /// The dtype the user asked for: the command line wins over the config.
-fn dtype_choice(config: &ModelConfig, arg: Option<DTypeArg>) -> DType {
+pub fn dtype_choice(config: &ModelConfig, arg: Option<DTypeArg>) -> DType {
     match arg {
         Some(DTypeArg::F32) => DType::F32,
         Some(DTypeArg::Bf16) => DType::BF16,

@@ -4,6 +4,7 @@
 //! errors go to stderr, one paragraph each, naming the file or field and the fix. Like `cmp`,
 //! `compare-trace` exits 1 when the traces part.
 
+mod bench;
 mod checkpoint;
 mod cli;
 mod compare_trace;
@@ -56,6 +57,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(&args),
         Command::CompareTrace(args) => return compare_trace::run(&args),
         Command::Inspect(args) => inspect::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
     .map(|()| ExitCode::SUCCESS)
 }

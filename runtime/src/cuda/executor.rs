@@ -16,8 +16,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
-use glmc_codegen::artifact::{Manifest, WeightEntry};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaSlice};
+use glmc_codegen::artifact::{Manifest, StateEntry, WeightEntry};
 use glmc_codegen::expr::Poly;
 use glmc_codegen::expr::{decode_bindings, prefill_bindings, Bindings};
 use glmc_codegen::layout::{Buf, TensorRef};
@@ -98,6 +99,29 @@ pub struct OutOfMemory {
     pub free: u64,
 }
 
+/// Spreads seeds over the hash's input, so seeds 1 and 2 fill unrelated values.
+const GOLDEN_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// One call timed by [`CudaExecutor::time`].
+#[derive(Clone, Debug)]
+pub struct CallTiming {
+    /// Wall time on the host from the first launch until the GPU finished the last.
+    pub host_seconds: f64,
+    /// GPU time from before the first launch to after the last (CUDA events).
+    pub gpu_seconds: f64,
+    /// Each launch that ran, in order, when the call was timed per launch.
+    pub launches: Vec<LaunchTime>,
+}
+
+/// One launch's GPU time, between CUDA events recorded right before and after it.
+#[derive(Clone, Debug)]
+pub struct LaunchTime {
+    pub node: String,
+    pub op: String,
+    pub kernel: String,
+    pub seconds: f64,
+}
+
 /// Where the executor's weights come from.
 enum Weights<'a> {
     /// Made on the host by their recipes (from a checkpoint) and uploaded one by one.
@@ -132,6 +156,8 @@ pub struct CudaExecutor {
     /// of a step change every call; their buffers do not).
     prefill_inputs: Vec<CudaSlice<u8>>,
     decode_inputs: Vec<CudaSlice<u8>>,
+    /// The states' entries, for [`CudaExecutor::fill_states`].
+    state_entries: Vec<StateEntry>,
     // The allocations `memory` points into: they live as long as the executor.
     _arena: CudaSlice<u8>,
     _weights: Vec<CudaSlice<u8>>,
@@ -280,6 +306,7 @@ impl CudaExecutor {
             fault: None,
             prefill_inputs,
             decode_inputs,
+            state_entries: manifest.states.clone(),
             _arena: arena,
             _weights: held,
             _states: states,
@@ -405,6 +432,128 @@ impl CudaExecutor {
         hook(call, node, &refs)
     }
 
+    /// Checks `inputs` against phase `kind` and uploads them into its input buffers: the
+    /// phase and the sizes of the call.
+    fn upload_inputs(
+        &mut self,
+        kind: PhaseKind,
+        inputs: &[Tensor],
+    ) -> Result<(Arc<Phase>, Bindings), CudaError> {
+        let bindings = self.bindings(kind, inputs)?;
+        let phase = Arc::clone(self.phase(kind));
+        if phase.inputs.len() != inputs.len() {
+            return Err(artifact_error(format!(
+                "@{} takes {} inputs, {} given",
+                phase.function,
+                phase.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let buffers = match kind {
+            PhaseKind::Prefill => &mut self.prefill_inputs,
+            PhaseKind::Decode => &mut self.decode_inputs,
+        };
+        for (((name, at), t), buf) in phase.inputs.iter().zip(inputs).zip(buffers.iter_mut()) {
+            let Buf::Input(index) = at.buf else {
+                return Err(artifact_error(format!("input {name} is not an argument")));
+            };
+            let bytes = t
+                .to_bytes(at.dtype)
+                .map_err(|e| artifact_error(format!("input {name}: {e}")))?;
+            self.gpu.upload_into(&bytes, buf)?;
+            self.memory.inputs.insert(index, self.gpu.address(buf));
+        }
+        Ok((phase, bindings))
+    }
+
+    /// Runs phase `kind` on `inputs` like a call of [`Executor::run`] (the caches persist), but
+    /// reads no result back and times it instead: the GPU time between events before the first
+    /// launch and after the last, the host's wall time from the first launch until the GPU is
+    /// done, and with `per_launch` each launch between its own pair of events. The events
+    /// around each launch add their own gaps, so a step timed `per_launch` is slower than one
+    /// that is not: compare the sum of the launches with a step timed without them.
+    pub fn time(
+        &mut self,
+        kind: PhaseKind,
+        inputs: &[Tensor],
+        per_launch: bool,
+    ) -> Result<CallTiming, GenerateError> {
+        let (phase, bindings) = self.upload_inputs(kind, inputs)?;
+        self.gpu.synchronize()?;
+        let record = |gpu: &Gpu| -> Result<CudaEvent, CudaError> {
+            gpu.stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(driver("recording an event"))
+        };
+        let wall = std::time::Instant::now();
+        let start = record(&self.gpu)?;
+        let mut pairs = Vec::new();
+        for l in phase.launches() {
+            // An alternative for other sizes, or an empty grid, launches nothing.
+            let runs = l.when.as_ref().map_or(Some(true), |g| g.holds(&bindings)) == Some(true)
+                && l.grid.eval(&bindings).is_some_and(|g| g > 0);
+            if !(per_launch && runs) {
+                launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+                continue;
+            }
+            let before = record(&self.gpu)?;
+            launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+            pairs.push((l, before, record(&self.gpu)?));
+        }
+        let end = record(&self.gpu)?;
+        end.synchronize().map_err(driver("waiting for the step"))?;
+        let host_seconds = wall.elapsed().as_secs_f64();
+        let seconds = |a: &CudaEvent, b: &CudaEvent| -> Result<f64, CudaError> {
+            let ms = a.elapsed_ms(b).map_err(driver("reading an event's time"))?;
+            Ok(f64::from(ms) * 1e-3)
+        };
+        let launches = pairs
+            .iter()
+            .map(|(l, a, b)| {
+                Ok(LaunchTime {
+                    node: l.node.clone(),
+                    op: l.op.clone(),
+                    kernel: l.kernel.clone(),
+                    seconds: seconds(a, b)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        Ok(CallTiming {
+            host_seconds,
+            gpu_seconds: seconds(&start, &end)?,
+            launches,
+        })
+    }
+
+    /// Fills every KV cache and indexer state, all sequences and positions, with random values
+    /// (uniform, unit variance, like the normalised rows a prefill writes) from `seed`, made by
+    /// the generator of `random_cubin` ([`random_fill::SOURCE`] compiled for this GPU). A
+    /// benchmark states a long context this way instead of prefilling it: decode reads the same
+    /// bytes either way.
+    pub fn fill_states(&mut self, random_cubin: &[u8], seed: u64) -> Result<(), CudaError> {
+        let mut kernels = self.gpu.load(random_cubin)?;
+        for s in &self.state_entries {
+            let address = self
+                .memory
+                .states
+                .get(&s.name)
+                .copied()
+                .ok_or_else(|| artifact_error(format!("no memory for state {}", s.name)))?;
+            let numel = s.max_batch * s.max_context * s.row.iter().product::<u64>();
+            let key = crate::random_weights::name_hash(&s.name) ^ seed.wrapping_mul(GOLDEN_KEY);
+            random_fill::fill_uniform(
+                &self.gpu,
+                &mut kernels,
+                address,
+                numel,
+                s.dtype,
+                key,
+                3f32.sqrt(),
+            )?;
+        }
+        self.gpu.synchronize()
+    }
+
     fn phase(&self, kind: PhaseKind) -> &Arc<Phase> {
         match kind {
             PhaseKind::Prefill => &self.prefill,
@@ -512,31 +661,7 @@ impl Executor for CudaExecutor {
         call: Call,
         hook: &mut NodeHook<'_>,
     ) -> Result<Vec<Tensor>, GenerateError> {
-        let bindings = self.bindings(kind, inputs)?;
-        let phase = Arc::clone(self.phase(kind));
-        if phase.inputs.len() != inputs.len() {
-            return Err(artifact_error(format!(
-                "@{} takes {} inputs, {} given",
-                phase.function,
-                phase.inputs.len(),
-                inputs.len()
-            ))
-            .into());
-        }
-        let buffers = match kind {
-            PhaseKind::Prefill => &mut self.prefill_inputs,
-            PhaseKind::Decode => &mut self.decode_inputs,
-        };
-        for (((name, at), t), buf) in phase.inputs.iter().zip(inputs).zip(buffers.iter_mut()) {
-            let Buf::Input(index) = at.buf else {
-                return Err(artifact_error(format!("input {name} is not an argument")).into());
-            };
-            let bytes = t
-                .to_bytes(at.dtype)
-                .map_err(|e| artifact_error(format!("input {name}: {e}")))?;
-            self.gpu.upload_into(&bytes, buf)?;
-            self.memory.inputs.insert(index, self.gpu.address(buf));
-        }
+        let (phase, bindings) = self.upload_inputs(kind, inputs)?;
         if self.nodes.is_none() && self.fault.is_none() {
             for l in phase.launches() {
                 launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;

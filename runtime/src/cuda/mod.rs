@@ -63,6 +63,16 @@ impl Gpu {
             .map_err(driver("reading the compute capability"))
     }
 
+    /// The GPU's name and its memory in bytes, for a benchmark's record.
+    pub fn describe(&self) -> Result<(String, u64), CudaError> {
+        let name = self.ctx.name().map_err(driver("reading the GPU's name"))?;
+        let total = self
+            .ctx
+            .total_mem()
+            .map_err(driver("reading the GPU's memory size"))?;
+        Ok((name, total as u64))
+    }
+
     pub fn load(&self, cubin: &[u8]) -> Result<Kernels, CudaError> {
         let module = self
             .ctx
@@ -287,8 +297,9 @@ pub fn launch(
     Ok(())
 }
 
+pub mod ceiling;
 mod compile;
 mod executor;
 pub use compile::{compile, CompileError, Compiled};
-pub use executor::{CudaExecutor, DeviceBytes, OutOfMemory};
+pub use executor::{CallTiming, CudaExecutor, DeviceBytes, LaunchTime, OutOfMemory};
 pub mod random_fill;

@@ -104,3 +104,63 @@ fn geometry(p: &Piece, out_strides: &[u64]) -> Geometry {
     }
     g
 }
+
+/// Fills `numel` elements of `dtype` (f32 or bf16) at device address `out` with the generator's
+/// uniform on [−amplitude, amplitude) under `key`: benchmark contents for buffers that have no
+/// recipe, such as KV caches stated without a prefill.
+pub fn fill_uniform(
+    gpu: &Gpu,
+    kernels: &mut Kernels,
+    out: u64,
+    numel: u64,
+    dtype: DType,
+    key: u64,
+    amplitude: f32,
+) -> Result<(), CudaError> {
+    let out_bf16: i32 = match dtype {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        other => {
+            return Err(CudaError::Artifact(format!(
+                "random contents of {other} are not supported (f32 and bf16 are)"
+            )))
+        }
+    };
+    if numel == 0 {
+        return Ok(());
+    }
+    let mut geometry = Geometry {
+        rank: 1,
+        ..Default::default()
+    };
+    geometry.len[0] = numel as i64;
+    geometry.out_stride[0] = 1;
+    geometry.leaf_stride[0] = 1;
+    let (base, count, offset, stored) = (0i64, numel as i64, 0f32, 0i32);
+    let f = kernels.function(KERNEL, 0)?;
+    let mut builder = gpu.stream.launch_builder(f);
+    builder
+        .arg(&out)
+        .arg(&geometry)
+        .arg(&base)
+        .arg(&count)
+        .arg(&key)
+        .arg(&offset)
+        .arg(&amplitude)
+        .arg(&stored)
+        .arg(&out_bf16);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            numel.div_ceil(u64::from(BLOCK)).min(MAX_BLOCKS) as u32,
+            1,
+            1,
+        ),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments follow glmc_random_weights's parameter list; the caller owns the
+    // `numel` elements at `out`.
+    unsafe { builder.launch(cfg) }
+        .map_err(driver(format!("launching {KERNEL} to fill a buffer")))?;
+    Ok(())
+}

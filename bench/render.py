@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Merges benchmark JSON files and renders them as markdown (bench/RESULTS.md).
+
+Usage: render.py [--out FILE] [--merged FILE] JSON...
+
+Each JSON is one of (bench/README.md documents the fields):
+  glmc-bench/1         `glmc bench --json` (one per device call; several are merged by run)
+  glmc-bench-peer/1    bench/peers/hf_glm5.py: transformers' GlmMoeDsaForCausalLM, one or more modes
+  glmc-bench-matmul/1  bench/peers/torch_matmul.py: torch.matmul on glmc's GEMM shapes
+
+Nothing is computed here that the files do not hold, except ratios of their numbers. A file
+marked "fixture" (the unit tests' invented sample) makes the page say so at the top, so a page
+rendered from one can never pass for results. Standard library only: CI runs the tests without
+any extra package.
+"""
+import argparse
+import json
+import re
+import sys
+
+GLMC, PEER, MATMUL = "glmc-bench/1", "glmc-bench-peer/1", "glmc-bench-matmul/1"
+DASH = "—"
+
+
+def load(paths):
+    """The documents of `paths`, grouped by schema; an unknown schema is an error."""
+    docs = {GLMC: [], PEER: [], MATMUL: []}
+    for p in paths:
+        with open(p) as f:
+            doc = json.load(f)
+        schema = doc.get("schema")
+        if schema not in docs:
+            raise ValueError(f"{p}: unknown schema {schema!r} (expected one of {', '.join(docs)})")
+        doc["_path"] = p
+        docs[schema].append(doc)
+    return docs
+
+
+def merged(docs):
+    """One JSON document holding every input, for the record."""
+    return {
+        "schema": "glmc-bench-merged/1",
+        "sources": [{k: v for k, v in d.items() if k != "_path"} for ds in docs.values() for d in ds],
+    }
+
+
+def fold(node):
+    """`model.layers.12.mlp.gate` -> `model.layers.*.mlp.gate` (as glmc compile --report folds)."""
+    return re.sub(r"^model\.layers\.\d+\.", "model.layers.*.", node)
+
+
+def ms(seconds):
+    return DASH if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def pct(x):
+    return DASH if x is None else f"{x * 100:.1f}%"
+
+
+def num(x, digits=1):
+    return DASH if x is None else f"{x:,.{digits}f}"
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def glmc_points(docs, phase):
+    """(attention, point) of every glmc run, in file order."""
+    for d in docs[GLMC]:
+        for run in d["runs"]:
+            for p in run.get(phase, []):
+                yield run["attention"], p
+
+
+def peer_decode(docs):
+    """{(mode label, batch, context): point} over every peer file."""
+    out = {}
+    for d in docs[PEER]:
+        for m in d["modes"]:
+            for p in m.get("decode", []):
+                out[(m["mode"], p["batch"], p["context"])] = p
+    return out
+
+
+def peer_modes(docs):
+    labels = []
+    for d in docs[PEER]:
+        for m in d["modes"]:
+            if m["mode"] not in labels:
+                labels.append(m["mode"])
+    return labels
+
+
+def render(docs):
+    lines = ["# glmc benchmark results", ""]
+    fixtures = [d["_path"] for ds in docs.values() for d in ds if d.get("fixture")]
+    if fixtures:
+        lines += [
+            "**SCHEMA FIXTURE, NOT A RESULT**: rendered from "
+            + ", ".join(fixtures)
+            + ", whose numbers are invented to test the renderer.",
+            "",
+        ]
+    lines += [
+        "Written by `bench/render.py` from the JSON files of `scripts/bench-gpu.sh`; every number is",
+        "measured in the runs listed below, except the columns named roofline and predicted, which",
+        "are computed (bench/README.md says how).",
+        "",
+        "## Runs",
+        "",
+    ]
+    rows = []
+    for ds in docs.values():
+        for d in ds:
+            dev = d.get("device", {})
+            rows.append([d.get("tool", "?"), d.get("date", "?"), dev.get("name", "?"), f"`{d.get('command', '?')}`"])
+    lines += table(["tool", "date", "device", "command"], rows)
+
+    for d in docs[GLMC]:
+        c = d["ceilings"]
+        lines += [
+            "",
+            f"glmc run of {d['date']}: {d['model']} ({d['dtype']}, weights {d['weights']}; contexts stated by "
+            f"{d['contexts_stated_by']}) on {d['device']['name']} ({d['device']['target']}). Ceilings measured in "
+            f"that run: copy {c['copy_gbs']:.0f} GB/s, bf16 mma.sync {c['mma_tflops']:.0f} TFLOP/s (after the model: "
+            f"{c['copy_gbs_after']:.0f} GB/s, {c['mma_tflops_after']:.0f} TFLOP/s); the cost model assumes "
+            f"{c['cost_model_gbs']:.0f} GB/s and {c['cost_model_tflops']:.0f} TFLOP/s.",
+        ]
+
+    lines += decode_section(docs)
+    lines += prefill_section(docs)
+    lines += overhead_section(docs)
+    lines += kernel_section(docs)
+    lines += peer_section(docs)
+    lines += matmul_section(docs)
+    return "\n".join(lines) + "\n"
+
+
+def decode_section(docs):
+    glmc = {}
+    attentions = []
+    for a, p in glmc_points(docs, "decode"):
+        glmc[(a, p["rows"], p["context"])] = p
+        if a not in attentions:
+            attentions.append(a)
+    peers = peer_decode(docs)
+    modes = peer_modes(docs)
+    keys = sorted({(b, c) for _, b, c in glmc} | {(b, c) for _, b, c in peers}, key=lambda k: (k[1], k[0]))
+    if not keys:
+        return []
+    header = ["batch", "context"]
+    for a in attentions:
+        header += [f"glmc {a} ms", f"glmc {a} tok/s", f"{a} roofline ms", f"{a} of roofline", f"{a} predicted ms"]
+    for m in modes:
+        header += [f"HF {m} ms", f"HF {m} tok/s"]
+    rows = []
+    for b, c in keys:
+        row = [b, c]
+        for a in attentions:
+            p = glmc.get((a, b, c))
+            row += (
+                [ms(p["step_s"]["median"]), num(p["tokens_per_s"]), ms(p["roofline_s"]), pct(p["roofline_fraction"]), ms(p["predicted_s"])]
+                if p
+                else [DASH] * 5
+            )
+        for m in modes:
+            p = peers.get((m, b, c))
+            ok = p is not None and p.get("step_s") is not None
+            row += [ms(p["step_s"]["median"]), num(p["tokens_per_s"])] if ok else [DASH, DASH]
+        rows.append(row)
+    return [
+        "",
+        "## Decode",
+        "",
+        "Step latency (median), tokens/s (batch / latency), the step's roofline (bytes at the measured",
+        "copy bandwidth or FLOPs at the measured mma.sync rate, whichever is longer) and what fraction",
+        "of it the step reaches, and `glmc compile --report`'s predicted step time for the same setting.",
+        "",
+    ] + table(header, rows)
+
+
+def prefill_section(docs):
+    rows = [
+        [a, p["rows"], ms(p["step_s"]["median"]), num(p["tokens_per_s"]), ms(p["roofline_s"]), pct(p["roofline_fraction"]), ms(p["predicted_s"])]
+        for a, p in glmc_points(docs, "prefill")
+    ]
+    if not rows:
+        return []
+    return ["", "## Prefill", ""] + table(
+        ["attention", "tokens", "step ms", "tokens/s", "roofline ms", "of roofline", "predicted ms"], rows
+    )
+
+
+def overhead_section(docs):
+    rows = []
+    for phase in ("prefill", "decode"):
+        for a, p in glmc_points(docs, phase):
+            step = p["step_s"]["median"]
+            rows.append(
+                [
+                    a,
+                    phase,
+                    p["rows"],
+                    p["context"],
+                    p["launches"],
+                    ms(step),
+                    ms(p["gpu_step_s"]["median"]),
+                    ms(p["sum_kernels_s"]),
+                    ms(p["launch_overhead_s"]),
+                    pct(p["launch_overhead_s"] / step if step else None),
+                ]
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Launch overhead",
+        "",
+        "The step's wall time against the sum of its kernels' times (each between CUDA events of its",
+        "own): the difference is launch overhead and the gaps between kernels.",
+        "",
+    ] + table(
+        ["attention", "phase", "rows", "context", "launches", "step ms", "GPU events ms", "sum of kernels ms", "overhead ms", "overhead"],
+        rows,
+    )
+
+
+def folded_kernels(point):
+    """The point's nodes with layers folded: summed times, bytes and FLOPs, in first-seen order."""
+    groups = {}
+    for k in point["kernels"]:
+        key = (fold(k["node"]), k["op"])
+        g = groups.setdefault(key, {"count": 0, "time_s": 0.0, "bytes": 0.0, "flops": 0.0, "roofline_s": 0.0, "costed": True, "kernels": []})
+        g["count"] += 1
+        g["time_s"] += k["time_s"]
+        for kern in k["kernels"]:
+            if kern not in g["kernels"]:
+                g["kernels"].append(kern)
+        if k.get("roofline_s") is None:
+            g["costed"] = False
+        else:
+            g["bytes"] += k["bytes"]
+            g["flops"] += k["flops"]
+            g["roofline_s"] += k["roofline_s"]
+    return groups
+
+
+def kernel_rows(point, top):
+    groups = folded_kernels(point)
+    ordered = sorted(groups.items(), key=lambda kv: -kv[1]["time_s"])[:top]
+    rows = []
+    for (node, op), g in ordered:
+        t = g["time_s"]
+        costed = g["costed"] and t > 0
+        rows.append(
+            [
+                f"`{node}`",
+                op,
+                g["count"],
+                ", ".join(g["kernels"]),
+                num(t * 1e6),
+                num(g["bytes"] / t / 1e9, 0) if costed else DASH,
+                num(g["flops"] / t / 1e12, 2) if costed else DASH,
+                pct(g["roofline_s"] / t) if costed else DASH,
+            ]
+        )
+    return rows
+
+
+def kernel_section(docs, top=12):
+    """Per kernel for each run's prefill and its decode points at batch 1 and the largest batch,
+    at the largest context."""
+    out = []
+    for d in docs[GLMC]:
+        for run in d["runs"]:
+            chosen = [("prefill", p) for p in run.get("prefill", [])]
+            dec = run.get("decode", [])
+            if dec:
+                cmax = max(p["context"] for p in dec)
+                at = [p for p in dec if p["context"] == cmax]
+                for b in sorted({min(p["rows"] for p in at), max(p["rows"] for p in at)}):
+                    chosen += [("decode", p) for p in at if p["rows"] == b]
+            for phase, p in chosen:
+                out += [
+                    "",
+                    f"### {run['attention']} {phase}, {p['rows']} rows, context {p['context']}: the {top} slowest nodes (layers folded)",
+                    "",
+                ] + table(
+                    ["node", "op", "nodes", "kernels", "time us", "GB/s", "TFLOP/s", "of roofline"],
+                    kernel_rows(p, top),
+                )
+    if out:
+        out = ["", "## Per kernel", "", "Mean of the steps timed launch by launch; `of roofline` is the nodes' roofline time over their measured time."] + out
+    return out
+
+
+def peer_section(docs):
+    rows = []
+    for d in docs[PEER]:
+        for m in d["modes"]:
+            err = m.get("error") or ""
+            rows.append([m["mode"], m["status"], num(m.get("compile_s")), m.get("attn_implementation", DASH), err.replace("|", "\\|")[:200]])
+    if not rows:
+        return []
+    versions = "; ".join(
+        f"{d.get('date', '?')}: " + ", ".join(f"{k} {v}" for k, v in d.get("versions", {}).items()) for d in docs[PEER]
+    )
+    return ["", "## transformers (GlmMoeDsaForCausalLM)", "", versions, ""] + table(
+        ["mode", "status", "compile s", "attention implementation", "error"], rows
+    )
+
+
+def matmul_section(docs):
+    rows = []
+    for d in docs[MATMUL]:
+        for s in d["shapes"]:
+            ratio = s["glmc_us"] / s["torch_us"] if s.get("torch_us") else None
+            rows.append(
+                [
+                    s["phase"],
+                    s["rows"],
+                    f"`{s['node']}`",
+                    f"{s['heads']} × {s['n']} × {s['k']}",
+                    s["dtype"],
+                    num(s["glmc_us"]),
+                    num(s.get("torch_us")),
+                    num(ratio, 2),
+                ]
+            )
+    if not rows:
+        return []
+    return ["", "## torch.matmul on glmc's GEMM shapes", ""] + table(
+        ["phase", "rows", "node (layers folded)", "heads × N × K", "dtype", "glmc us", "torch us", "glmc / torch"], rows
+    )
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="markdown file to write (default: stdout)")
+    ap.add_argument("--merged", help="also write every input into this one JSON file")
+    ap.add_argument("json", nargs="+")
+    args = ap.parse_args(argv)
+    docs = load(args.json)
+    text = render(docs)
+    if args.merged:
+        with open(args.merged, "w") as f:
+            json.dump(merged(docs), f, indent=1)
+            f.write("\n")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Unit tests of render.py on the committed schema fixtures (bench/fixtures/schema-fixture-*.json,
+whose numbers are invented). Run from anywhere: `python3 bench/test_render.py`; CI runs it
+through tests/bench_cli.rs."""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import render  # noqa: E402
+
+FIXTURES = [os.path.join(HERE, "fixtures", f"schema-fixture-{n}.json") for n in ("glmc", "peer", "matmul")]
+
+
+class RenderTest(unittest.TestCase):
+    def setUp(self):
+        self.docs = render.load(FIXTURES)
+        self.text = render.render(self.docs)
+
+    def test_a_fixture_is_never_presented_as_a_result(self):
+        self.assertIn("**SCHEMA FIXTURE, NOT A RESULT**", self.text.splitlines()[2])
+
+    def test_real_files_carry_no_fixture_banner(self):
+        docs = render.load(FIXTURES)
+        for ds in docs.values():
+            for d in ds:
+                d.pop("fixture")
+        self.assertNotIn("FIXTURE", render.render(docs))
+
+    def test_every_section_is_there(self):
+        for heading in ["## Runs", "## Decode", "## Prefill", "## Launch overhead", "## Per kernel",
+                        "## transformers (GlmMoeDsaForCausalLM)", "## torch.matmul on glmc's GEMM shapes"]:
+            self.assertIn(heading, self.text)
+
+    def test_decode_rows_put_glmc_both_paths_and_the_peers_side_by_side(self):
+        row = next(l for l in self.text.splitlines() if l.startswith("| 1 | 1024 |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        # batch, context, sparse (ms, tok/s, roofline ms, of roofline, predicted), dense (same),
+        # HF eager (ms, tok/s), HF reduce-overhead (failed: dashes)
+        self.assertEqual(cells, ["1", "1024", "2.000", "500.0", "1.000", "50.0%", "1.100",
+                                 "2.100", "476.2", "1.000", "47.6%", "1.100", "50.000", "20.0", "—", "—"])
+
+    def test_points_a_run_lacks_are_dashes(self):
+        row = next(l for l in self.text.splitlines() if l.startswith("| 1 | 8192 |"))
+        self.assertEqual(row.count("—"), 9)
+
+    def test_launch_overhead_is_step_minus_sum_of_kernels(self):
+        row = next(l for l in self.text.splitlines() if l.startswith("| dense | decode | 1 | 1024 |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        self.assertEqual(cells[4:], ["9", "2.100", "2.037", "0.566", "1.534", "73.0%"])
+
+    def test_per_kernel_tables_fold_layers_and_sort_by_time(self):
+        lines = self.text.splitlines()
+        start = lines.index("### dense decode, 1 rows, context 1024: the 12 slowest nodes (layers folded)")
+        body = lines[start + 4:start + 8]
+        self.assertTrue(body[0].startswith("| `lm_head` | matmul | 1 |"))
+        self.assertTrue(body[1].startswith("| `model.layers.*.self_attn.o_proj` | matmul | 2 |"))
+        self.assertIn("| 50.0% |", body[1])
+        # A node the cost model has no cost for (a copy) has no rates.
+        self.assertTrue(body[3].endswith("| 6.0 | — | — | — |"))
+
+    def test_peer_failures_are_recorded_with_their_message(self):
+        self.assertIn("| reduce-overhead | failed | — | — | RuntimeError: fixture \\| failure |", self.text)
+
+    def test_matmul_ratio(self):
+        self.assertIn("| decode | 1 | `model.layers.*.self_attn.o_proj` | 1 × 6144 × 16384 | bf16 | 50.0 | 40.0 | 1.25 |", self.text)
+
+    def test_merge_writes_every_source(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, merged = os.path.join(tmp, "R.md"), os.path.join(tmp, "all.json")
+            render.main(["--out", out, "--merged", merged] + FIXTURES)
+            self.assertEqual(open(out).read(), self.text)
+            doc = json.load(open(merged))
+            self.assertEqual(doc["schema"], "glmc-bench-merged/1")
+            self.assertEqual([s["tool"] for s in doc["sources"]], ["glmc", "transformers", "torch.matmul"])
+
+    def test_an_unknown_schema_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            bad = os.path.join(tmp, "bad.json")
+            json.dump({"schema": "other/9"}, open(bad, "w"))
+            with self.assertRaisesRegex(ValueError, "unknown schema 'other/9'"):
+                render.load([bad])
+
+
+if __name__ == "__main__":
+    unittest.main()

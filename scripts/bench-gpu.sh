@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The benchmarks (issue 13) on the H200 test host, in a few device calls of at most 10 minutes
+# each, like scripts/gpu-test.sh: build here, carry `.gpu/`, run there, merge the JSON files.
+#
+#   scripts/bench-gpu.sh build                 # here: release glmc into .gpu/ (git-ignored, < 64 MiB)
+#   scripts/bench-gpu.sh run glmc              # there: glmc bench (sparse and dense) and
+#                                              # torch.matmul on its GEMM shapes, then plots (~4 min)
+#   scripts/bench-gpu.sh run peers MODES [S]   # there: transformers in MODES (comma-separated:
+#                                              # eager, max-autotune-no-cudagraphs, reduce-overhead),
+#                                              # each under S seconds (default 240), then plots
+#   scripts/bench-gpu.sh render DIR            # anywhere: DIR/*.json -> bench/RESULTS.md
+#
+# Each `run` writes into $OUT (the device call's output folder): glmc.json / glmc.txt /
+# matmul.json, or hf-<modes>.json and one log per mode; RESULTS.md and the PNG plots are made
+# from those plus every JSON of $BENCH_RESULTS (default bench/results/latest), where the lead
+# puts the files of the earlier calls of the session so that the last call plots them all.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp/glmc-bench}"
+results="${BENCH_RESULTS:-bench/results/latest}"
+model=models/glm5-slice.ron
+case "${1:-}" in
+build)
+    mkdir -p .gpu
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+    cargo build --release --locked --bin glmc
+    cp target/release/glmc .gpu/glmc
+    ls -la .gpu
+    ;;
+run)
+    mkdir -p "$out"
+    export GLMC_CACHE_DIR="${GLMC_CACHE_DIR:-/tmp/glmc-cache}"
+    command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+    status=0
+    case "${2:-}" in
+    glmc)
+        .gpu/glmc bench "$model" --device cuda --random-weights 1 --batch 1,8,64 \
+            --context 1024,8192,32768 --prefill 4096 --attention sparse,dense \
+            --json "$out/glmc.json" 2>&1 | tee "$out/glmc.txt" || status=1
+        if [ -f "$out/glmc.json" ]; then
+            python3 bench/peers/torch_matmul.py "$out/glmc.json" "$out/matmul.json" 2>&1 |
+                tee "$out/matmul.txt" || status=1
+        fi
+        ;;
+    peers)
+        modes="${3:?run peers MODES [SECONDS]}"
+        python3 bench/peers/hf_glm5.py --model "$model" --modes "$modes" --batch 1,8 \
+            --context 1024,8192 --timeout "${4:-240}" --out "$out/hf-${modes//,/+}.json" 2>&1 |
+            tee "$out/hf-${modes//,/+}.txt" || status=1
+        ;;
+    *)
+        echo "usage: $0 run glmc | run peers MODES [SECONDS]" >&2
+        exit 2
+        ;;
+    esac
+    shopt -s nullglob
+    inputs=("$out"/*.json "$results"/*.json)
+    if [ ${#inputs[@]} -gt 0 ]; then
+        python3 bench/render.py --out "$out/RESULTS.md" --merged "$out/merged.json.all" "${inputs[@]}" || status=1
+        python3 bench/plot.py "$out" "${inputs[@]}" || status=1
+    fi
+    exit $status
+    ;;
+render)
+    dir="${2:?render DIR}"
+    python3 bench/render.py --out bench/RESULTS.md --merged "$dir/merged.json.all" "$dir"/*.json
+    ;;
+*)
+    echo "usage: $0 build | run glmc | run peers MODES [SECONDS] | render DIR" >&2
+    exit 2
+    ;;
+esac
