@@ -26,7 +26,8 @@ pub enum Command {
     /// Run the model on the CPU reference interpreter: prefill a prompt, then decode token by token.
     Run(RunArgs),
     /// Compare two `run --trace` files and print the first node where they part: exit 0 when
-    /// they agree, 1 when they part, 2 on bad input.
+    /// they agree, 1 when they part, 2 on bad input. B may be a `--tp N` trace with A a TP=1
+    /// one: each rank is lined up with A, a rank's block of a split value with its slice.
     CompareTrace(CompareTraceArgs),
     /// Check an HF checkpoint against its config.json before serving it: the config as glmc reads
     /// it, the tensors, the attention path, and every inconsistency (exit 2 when it cannot run).
@@ -238,7 +239,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub dump_logits: Option<PathBuf>,
     /// Write the L2 norm and first values of every named intermediate, per layer and position
-    /// (on the GPU, each node is read back after its kernel: slow, for debugging).
+    /// (on the GPU, each node is read back after its kernel: slow, for debugging). With --tp N,
+    /// every rank's, each entry tagged with its rank, for compare-trace against a TP=1 trace.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Stop at the first node that produces NaN or an infinity and name it, with its layer and

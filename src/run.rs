@@ -1,10 +1,10 @@
 //! `glmc run`: prefill a prompt, then decode one token at a time through the `decode` graph and
 //! the caches, on the CPU reference interpreter or on the GPU, each next token taken from the
 //! graph's `next_token` (greedy at temperature 0). With `--tp N` the N ranks' graphs run
-//! together, their collectives simulated between threads; `--trace` records rank 0, whose whole
-//! values (after each collective) carry the single-device names. On the GPU, `run` compiles the
-//! model for the GPU present (nvcc's output cached by content hash, so a second run does not call
-//! it), or runs an artifact directory of `glmc compile` as it is.
+//! together, their collectives simulated between threads; `--trace` records every rank, its
+//! entries tagged with the rank, so `compare-trace` lines each rank up with a TP=1 trace. On
+//! the GPU, `run` compiles the model for the GPU present (nvcc's output cached by content hash,
+//! so a second run does not call it), or runs an artifact directory of `glmc compile` as it is.
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +15,7 @@ use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::AttentionChoice;
 use glmc_runtime::cuda::{random_fill, CudaExecutor, Gpu};
-use glmc_runtime::trace::{check_finite, Fault, TraceWriter};
+use glmc_runtime::trace::{check_finite, Fault, TraceHeader, TraceLayout, TraceWriter};
 use glmc_runtime::{
     generate, Checkpoint, Generator, InterpExecutor, RandomWeights, Sampling, WeightSource,
 };
@@ -53,6 +53,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     warn_if_dense_changes_outputs(&built, prompt.len() + args.max_new_tokens);
     let eos = eos_ids(&built.config, dir.as_deref())?;
     let ranks = glmc_passes::partition(&built.module, args.tp)?;
+    let layout = trace_layout(args, &built.module)?;
     let fault = Fault::from_env();
     let mut generator = match args.device {
         DeviceArg::Cpu => {
@@ -71,7 +72,29 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             Generator::with_executor(Box::new(exec.with_fault(fault)))?
         }
     };
-    generate_and_print(args, &mut generator, &prompt, &eos, tokenizer.as_ref())
+    let traced = (built.module.name.as_str(), layout);
+    generate_and_print(
+        args,
+        &mut generator,
+        &prompt,
+        &eos,
+        tokenizer.as_ref(),
+        traced,
+    )
+}
+
+/// What `--trace` records beyond each value's own digest: block digests of the values that
+/// tensor parallelism splits (see `TraceWriter::create`), at TP=1 so that the ranks' traces of
+/// a `--tp N` run line up with it, and at TP=N for each rank's block.
+fn trace_layout(args: &RunArgs, module: &glmc_ir::Module) -> anyhow::Result<TraceLayout> {
+    if args.trace.is_none() {
+        return Ok(TraceLayout::default());
+    }
+    let split = glmc_passes::split_layout(module)?;
+    Ok(TraceLayout {
+        units: split.units,
+        split: split.axes,
+    })
 }
 
 /// `glmc run DIR` of an artifact `glmc compile -o DIR` wrote: its manifest, cubin and IR, with
@@ -180,7 +203,17 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
         exec.observe(&module)?;
     }
     let mut generator = Generator::with_executor(Box::new(exec.with_fault(Fault::from_env())))?;
-    generate_and_print(args, &mut generator, &prompt, &eos, tokenizer.as_ref())
+    // The artifact's IR is optimised but not the builder's, so there is no split layout to
+    // read: its trace lines up with others of one device.
+    let traced = (manifest.model.as_str(), TraceLayout::default());
+    generate_and_print(
+        args,
+        &mut generator,
+        &prompt,
+        &eos,
+        tokenizer.as_ref(),
+        traced,
+    )
 }
 
 /// Whether the run shows every node to its hook.
@@ -208,13 +241,15 @@ fn prompt(args: &RunArgs, dir: Option<&Path>) -> anyhow::Result<(Option<Tokenize
 }
 
 /// Prefills the prompt, generates, and writes what `args` asks for: the trace (also when a
-/// node stops the run, so it shows what led there), the logits and the output.
+/// node stops the run, so it shows what led there; `traced` is the model's name and what the
+/// trace records of split values), the logits and the output.
 fn generate_and_print(
     args: &RunArgs,
     generator: &mut Generator,
     prompt: &[u64],
     eos: &[u64],
     tokenizer: Option<&Tokenizer>,
+    traced: (&str, TraceLayout),
 ) -> anyhow::Result<()> {
     let sampling = Sampling {
         temperature: args.temperature,
@@ -222,11 +257,21 @@ fn generate_and_print(
         seed: args.seed,
     };
     sampling.validate()?;
-    let mut trace = args.trace.as_deref().map(TraceWriter::create).transpose()?;
+    let (model, layout) = traced;
+    let header = TraceHeader {
+        model: model.to_string(),
+        prompt: prompt.to_vec(),
+        tp: args.tp,
+    };
+    let mut trace = args
+        .trace
+        .as_deref()
+        .map(|path| TraceWriter::create(path, header, layout))
+        .transpose()?;
     let check = args.check_finite;
-    let mut hook = |call, node: &glmc_ir::Node, outputs: &[&glmc_runtime::Tensor]| {
+    let mut hook = |call, rank, node: &glmc_ir::Node, outputs: &[&glmc_runtime::Tensor]| {
         if let Some(t) = trace.as_mut() {
-            t.record(call, node, outputs);
+            t.record(call, rank, node, outputs);
         }
         if check {
             check_finite(call, node, outputs)?;

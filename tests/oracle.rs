@@ -334,10 +334,12 @@ fn greedy() -> Sampling {
 
 fn no_trace() -> impl FnMut(
     glmc_runtime::Call,
+    usize,
     &glmc_ir::Node,
     &[&glmc_runtime::Tensor],
-) -> Result<(), glmc_runtime::GenerateError> {
-    |_, _, _| Ok(())
+) -> Result<(), glmc_runtime::GenerateError>
+       + Send {
+    |_, _, _, _| Ok(())
 }
 
 fn assert_close(what: &str, e: &RowErrors, tol: f64) {

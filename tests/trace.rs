@@ -10,6 +10,7 @@ use std::process::{Command, Output};
 use common_oracle::repo_root;
 use glmc_codegen::artifact::Manifest;
 use glmc_codegen::schedule::Step;
+use glmc_ir::Shard;
 use glmc_models::ModelConfig;
 use glmc_runtime::trace::{read_trace, Fault, TraceEntry};
 
@@ -243,6 +244,120 @@ fn compare_trace_exits_2_on_bad_input() {
     let (code, text) = compare(&good, &good, &["--rtol=-1"]);
     assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("--rtol -1"), "{text}");
+}
+
+/// `run --tp N --trace` records every rank, each entry tagged with its rank; `compare-trace`
+/// lines each rank up with the TP=1 trace: replicated values and the whole values after each
+/// all_reduce and all_gather in full, a rank's block of a split value (heads, intermediate
+/// columns, vocabulary) against the same blocks of the single-device value.
+#[test]
+fn rank_traces_line_up_with_the_single_device_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    for (case, tp) in [("sparse", "2"), ("six-heads", "3")] {
+        let one = traced(
+            &fixture(case),
+            dir.path(),
+            &format!("{case}1.jsonl"),
+            &[],
+            &[],
+        );
+        let ranks = traced(
+            &fixture(case),
+            dir.path(),
+            &format!("{case}{tp}.jsonl"),
+            &["--tp", tp],
+            &[],
+        );
+        let entries = read_trace(&ranks).unwrap();
+        let degree: u64 = tp.parse().unwrap();
+        let seen: HashSet<u64> = entries.iter().filter_map(|e| e.rank).collect();
+        assert_eq!(seen, (0..degree).collect(), "{case}: every rank is traced");
+        let attn = entries
+            .iter()
+            .find(|e| e.node == "model.layers.0.self_attn.attn" && e.rank == Some(1))
+            .expect("rank 1's attention");
+        assert_eq!(attn.shard, Some(Shard::Split { axis: 1 }), "{case}");
+        let (code, stdout) = compare(&one, &ranks, &["--rtol", "1e-5"]);
+        assert_eq!(code, Some(0), "{case} TP={tp}: {stdout}");
+        assert!(
+            stdout.contains(&format!(
+                "against each of B's {tp} ranks (0 of A have no counterpart in B)"
+            )) && stdout.contains("as partial sums")
+                && stdout.contains("no divergence beyond rtol 0.00001"),
+            "{case} TP={tp}: {stdout}"
+        );
+    }
+}
+
+/// The negative control: rank 1 of 2 holds its two heads of W_UV (from kv_b_proj) in the wrong
+/// order. The first divergence is the node that reads them, on rank 1, at its first head's
+/// block of the single-device value; every node before it agrees on both ranks.
+#[test]
+fn compare_trace_names_a_wrong_shard_at_its_node_and_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = traced_run(dir.path(), "tp1.jsonl", &[]);
+    let fault = "model.layers.0.self_attn.kv_b_proj.weight:uv@1=swap";
+    let bad = traced(
+        &fixture("sparse"),
+        dir.path(),
+        "bad.jsonl",
+        &["--tp", "2"],
+        &[(Fault::ENV, fault)],
+    );
+    let (code, stdout) = compare(&one, &bad, &["--rtol", "1e-5"]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        first_divergence(&stdout).contains(
+            "prefill@0 rank 1 node \"model.layers.0.self_attn.attn\" (matmul.heads, layer 0) output 0 position 0: block 2 of the 4 along axis 1 (the rank holds blocks 2..4)"
+        ),
+        "{stdout}"
+    );
+}
+
+/// Traces that cannot be lined up exit 2 naming why: the ranks' trace first, another prompt,
+/// another model (six heads against four: the shapes of the blocks do not line up).
+#[test]
+fn rank_traces_of_another_run_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = traced_run(dir.path(), "tp1.jsonl", &[]);
+    let two = traced_run(dir.path(), "tp2.jsonl", &["--tp", "2"]);
+    let (code, text) = compare(&two, &one, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains(
+            "A is a trace of 2 tensor-parallel ranks; give the single-device (TP=1) trace first"
+        ),
+        "{text}"
+    );
+
+    let trace = dir.path().join("other-prompt.jsonl");
+    let model = fixture("sparse");
+    succeeded(&glmc(&[
+        "run",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "5,9,200",
+        "--max-new-tokens",
+        "1",
+        "--tp",
+        "2",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]));
+    let (code, text) = compare(&one, &trace, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("the traces are of different prompts"),
+        "{text}"
+    );
+
+    let six = traced(&fixture("six-heads"), dir.path(), "six.jsonl", &[], &[]);
+    let (code, text) = compare(&six, &two, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("node \"model.layers.0.self_attn.q_b_proj+rope\" output 0: A holds [10, 144], rank 0 of B [10, 48], which is not 1/2 of it along axis 1; were the traces made from the same model?"),
+        "{text}"
+    );
 }
 
 /// `--check-finite` passes a healthy run (the indexer's masked −inf scores are by design), and

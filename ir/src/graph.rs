@@ -17,6 +17,20 @@ pub struct Node {
     pub op: Op,
     pub name: String,
     pub outputs: Vec<TensorType>,
+    /// In one rank's graph, how the node's outputs relate to the single-device value
+    /// (`tp-partition` sets it); `None` where the rank holds the whole value.
+    pub shard: Option<Shard>,
+}
+
+/// What a rank of a tensor-parallel group holds of a node's single-device value. Traces read
+/// it to line a rank's values up with a single-device trace (`glmc compare-trace`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shard {
+    /// Block `rank` of `degree` equal contiguous blocks along `axis` of every output.
+    Split { axis: u32 },
+    /// This rank's addend of a sum over the ranks, whole only after an `all_reduce`.
+    Partial,
 }
 
 /// An edge: which operand of the consumer it feeds, from which output of the producer.
@@ -77,6 +91,7 @@ impl Function {
             op,
             name: name.into(),
             outputs,
+            shard: None,
         });
         for (i, v) in operands.iter().enumerate() {
             self.graph.add_edge(

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::graph::{Function, Module, Value};
+use crate::graph::{Function, Module, Shard, Value};
 use crate::lit::Lit;
 use crate::ops::Op;
 use crate::{DType, Dim, TensorType};
@@ -458,9 +458,43 @@ impl<'a> Parser<'a> {
             outputs.push(self.tensor_type()?);
         }
         let name = self.string("the node name")?;
+        let shard = self.shard()?;
         let n = f.add_node(op, name, &operands, outputs);
+        f.graph[n].shard = shard;
         values.insert(id, n);
         Ok(())
+    }
+
+    /// A node's optional ` tp=split(AXIS)` or ` tp=partial` after its name.
+    fn shard(&mut self) -> Result<Option<Shard>, ParseError> {
+        if self.tok != Tok::Ident("tp".into()) {
+            return Ok(None);
+        }
+        self.advance()?;
+        self.expect_punct('=')?;
+        let here = self.err("");
+        match self.ident("`split` or `partial`")?.as_str() {
+            "partial" => Ok(Some(Shard::Partial)),
+            "split" => {
+                self.expect_punct('(')?;
+                let axis = match self.tok {
+                    Tok::Int(n) if (0..=u32::MAX as i128).contains(&n) => n as u32,
+                    _ => {
+                        return Err(self.err(format!(
+                            "expected the split axis, found {}",
+                            self.describe()
+                        )))
+                    }
+                };
+                self.advance()?;
+                self.expect_punct(')')?;
+                Ok(Some(Shard::Split { axis }))
+            }
+            other => Err(ParseError {
+                message: format!("tp={other}: a node's tp is `split(AXIS)` or `partial`"),
+                ..here
+            }),
+        }
     }
 
     fn tensor_type(&mut self) -> Result<TensorType, ParseError> {

@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use petgraph::stable_graph::NodeIndex;
 
-use crate::graph::{Function, Module, Value};
+use crate::graph::{Function, Module, Shard, Value};
 use crate::lit::write_quoted;
 use crate::TensorType;
 
@@ -78,7 +78,8 @@ fn types_text(types: &[TensorType]) -> String {
     }
 }
 
-/// `%ID = OP OPERANDS {ATTRS} : TYPES "NAME"`.
+/// `%ID = OP OPERANDS {ATTRS} : TYPES "NAME"`, then ` tp=split(AXIS)` or ` tp=partial` for
+/// a node a rank holds a block or a partial sum of.
 fn node_line(f: &Function, n: NodeIndex, ids: &HashMap<NodeIndex, usize>) -> String {
     let node = &f.graph[n];
     let mut line = format!("%{} = {}", ids[&n], node.op.name());
@@ -106,6 +107,11 @@ fn node_line(f: &Function, n: NodeIndex, ids: &HashMap<NodeIndex, usize>) -> Str
     }
     write!(line, " : {} ", types_text(&node.outputs)).unwrap();
     write_quoted(&mut line, &node.name);
+    match node.shard {
+        None => {}
+        Some(Shard::Split { axis }) => write!(line, " tp=split({axis})").unwrap(),
+        Some(Shard::Partial) => line.push_str(" tp=partial"),
+    }
     line
 }
 

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{Function, Module, Tp, Value};
+use crate::graph::{Function, Module, Shard, Tp, Value};
 use crate::ops::Op;
 use crate::TensorType;
 
@@ -34,6 +34,9 @@ struct NodeRepr {
     /// `(node id, output)` per operand.
     operands: Vec<(usize, u32)>,
     outputs: Vec<TensorType>,
+    /// Set in a rank's graph only, so whole modules read and print as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shard: Option<Shard>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +78,7 @@ fn function_repr(f: &Function) -> FunctionRepr {
                     .map(|v| (ids[&v.node], v.output))
                     .collect(),
                 outputs: node.outputs.clone(),
+                shard: node.shard,
             }
         })
         .collect();
@@ -119,7 +123,9 @@ pub fn from_ron(text: &str) -> Result<Module, RonError> {
                 })?;
                 operands.push(Value { node, output });
             }
-            nodes.push(f.add_node(nr.op, nr.name, &operands, nr.outputs));
+            let n = f.add_node(nr.op, nr.name, &operands, nr.outputs);
+            f.graph[n].shard = nr.shard;
+            nodes.push(n);
         }
         for (name, id, output) in fr.results {
             let node = *nodes.get(id).ok_or_else(|| {

@@ -19,4 +19,4 @@ pub use pass::{Pass, PassError};
 pub use pipeline::{pipeline, PipelineOptions, PIPELINE};
 pub use plan_memory::{kv_cache_bytes, plan_memory, MemoryPlan, PlanError};
 pub use select_attention::AttentionChoice;
-pub use tp_partition::{partition, TpPartition};
+pub use tp_partition::{partition, split_layout, SplitLayout, TpPartition};

@@ -29,7 +29,7 @@
 use std::collections::{HashMap, HashSet};
 
 use glmc_ir::verify::infer;
-use glmc_ir::{Dim, Function, Module, NodeIndex, Op, Recipe, Reduce, Tp, Value};
+use glmc_ir::{Dim, Function, Module, NodeIndex, Op, Recipe, Reduce, Shard, TensorType, Tp, Value};
 
 use crate::manager::PassManager;
 use crate::pass::{Pass, PassError};
@@ -138,6 +138,21 @@ fn options(message: String) -> PassError {
 /// Every size a split divides must be a multiple of the TP degree; the error names the config
 /// field, its value and the degree.
 fn check_divisible(module: &Module, degree: u64) -> Result<(), PassError> {
+    let mut sizes = split_sizes(module);
+    // Heads first: the split engines most often get wrong, and the one users ask about.
+    sizes.sort_by_key(|(size, _, _)| *size != Size::Heads);
+    match sizes.into_iter().find(|(_, n, _)| n % degree != 0) {
+        None => Ok(()),
+        Some((size, n, at)) => Err(options(format!(
+            "{} {n} is not divisible by the TP degree {degree} (at \"{at}\"); pick a degree that \
+             divides the number of heads, the intermediate sizes and the vocabulary",
+            size.field()
+        ))),
+    }
+}
+
+/// Every size a split divides, with the node or tensor it was read from.
+fn split_sizes(module: &Module) -> Vec<(Size, u64, String)> {
     let mut sizes: Vec<(Size, u64, String)> = Vec::new();
     for f in &module.functions {
         for n in f.graph.node_indices() {
@@ -162,16 +177,7 @@ fn check_divisible(module: &Module, degree: u64) -> Result<(), PassError> {
             }
         }
     }
-    // Heads first: the split engines most often get wrong, and the one users ask about.
-    sizes.sort_by_key(|(size, _, _)| *size != Size::Heads);
-    match sizes.into_iter().find(|(_, n, _)| n % degree != 0) {
-        None => Ok(()),
-        Some((size, n, at)) => Err(options(format!(
-            "{} {n} is not divisible by the TP degree {degree} (at \"{at}\"); pick a degree that \
-             divides the number of heads, the intermediate sizes and the vocabulary",
-            size.field()
-        ))),
-    }
+    sizes
 }
 
 /// A recipe's leaves with a stack's pattern and stacked shape as one leaf, since a stack is
@@ -268,6 +274,7 @@ impl<'f> Partition<'f> {
         let node = &mut self.f.graph[n];
         node.outputs[0] = node.outputs[0].with_shape(new.into_iter().map(Dim::Const).collect());
         node.op = Op::Weight { recipe: sharded };
+        node.shard = Some(Shard::Split { axis: axis as u32 });
         self.split_weights.insert(n, (axis, size));
         self.retyped.insert(n);
         Ok(())
@@ -397,6 +404,9 @@ impl<'f> Partition<'f> {
         }
         if let Some(held) = held {
             let node = &mut self.f.graph[n];
+            if held == Held::Partial {
+                node.shard = Some(Shard::Partial);
+            }
             node.name = match held {
                 Held::Partial => format!("{}.partial", node.name),
                 Held::VocabShard => format!("{}.shard", node.name),
@@ -496,11 +506,49 @@ impl<'f> Partition<'f> {
             )
         })?;
         if outputs != node.outputs {
-            self.f.graph[n].outputs = outputs;
+            let axis = split_axis(&node.outputs, &outputs, degree)
+                .map_err(|m| self.fail(n, format!("{}: {m}", node.op.name())))?;
+            let node = &mut self.f.graph[n];
+            node.outputs = outputs;
+            node.shard = Some(Shard::Split { axis });
             self.retyped.insert(n);
         }
         Ok(())
     }
+}
+
+/// The one axis along which every changed output shrank by `degree`: what makes the rank's
+/// value block `rank` of the whole one, which traces rely on.
+fn split_axis(whole: &[TensorType], part: &[TensorType], degree: u64) -> Result<u32, String> {
+    let mut axis = None;
+    for (w, p) in whole.iter().zip(part) {
+        let changed: Vec<usize> = (0..w.rank())
+            .filter(|&a| w.shape[a] != p.shape[a])
+            .collect();
+        let found = match changed[..] {
+            [a] if w.shape[a]
+                .as_const()
+                .zip(p.shape[a].as_const())
+                .is_some_and(|(w, p)| w == p * degree) =>
+            {
+                a as u32
+            }
+            _ => {
+                return Err(format!(
+                    "{w} became {p} on this rank; tp-partition expects one axis {degree} times \
+                     smaller"
+                ))
+            }
+        };
+        if axis.is_some_and(|a| a != found) {
+            return Err(format!(
+                "the outputs split along different axes ({} and {found})",
+                axis.unwrap_or_default()
+            ));
+        }
+        axis = Some(found);
+    }
+    axis.ok_or_else(|| "no output changed".to_string())
 }
 
 fn shape(r: &Recipe) -> Result<Vec<u64>, String> {
@@ -521,4 +569,65 @@ pub fn partition(module: &Module, degree: u64) -> Result<Vec<Module>, PassError>
             Ok(m)
         })
         .collect()
+}
+
+/// Which values of a whole module some rank of a tensor-parallel group holds only a block of,
+/// for a single-device trace that `glmc compare-trace` lines rank traces up with.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SplitLayout {
+    /// The greatest common divisor of every size a split divides: every TP degree the model
+    /// allows divides it, so a trace that digests each split value in this many blocks (fewer
+    /// where the axis is shorter) has a whole number of blocks per rank at any degree.
+    pub units: u64,
+    /// `(function, node)` → the axis along which each rank holds one block of the node's
+    /// outputs. Weights are left out: traces do not record them.
+    pub axes: HashMap<(String, String), u32>,
+}
+
+/// The [`SplitLayout`] of a whole module: the split axes are those `tp-partition` gives at the
+/// smallest degree the model allows (the same at every degree, since each split follows a
+/// weight's rows or columns); a model no degree divides has none.
+pub fn split_layout(module: &Module) -> Result<SplitLayout, PassError> {
+    if !module.tp.is_single() {
+        return Err(options(format!(
+            "the module is already rank {} of {}; the split layout is read from a whole module",
+            module.tp.rank, module.tp.degree
+        )));
+    }
+    let units = split_sizes(module)
+        .iter()
+        .fold(0, |g, (_, n, _)| gcd(g, *n));
+    let Some(degree) = (2..=units).find(|d| units % d == 0) else {
+        return Ok(SplitLayout {
+            units: 1,
+            axes: HashMap::new(),
+        });
+    };
+    let mut rank = module.clone();
+    let mut pm = PassManager::new();
+    pm.add(TpPartition {
+        tp: Tp { degree, rank: 0 },
+    });
+    pm.run(&mut rank)?;
+    let mut axes = HashMap::new();
+    for f in &rank.functions {
+        for n in f.graph.node_indices() {
+            let node = f.node(n);
+            if let (Some(Shard::Split { axis }), false) =
+                (node.shard, matches!(node.op, Op::Weight { .. }))
+            {
+                let name = node.name.strip_suffix(".shard").unwrap_or(&node.name);
+                axes.insert((f.name.clone(), name.to_string()), axis);
+            }
+        }
+    }
+    Ok(SplitLayout { units, axes })
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }

@@ -382,3 +382,67 @@ fn a_rank_is_partitioned_once_and_within_its_group() {
     let e = outside.run(&mut whole.clone()).unwrap_err().to_string();
     assert!(e.contains("rank 2 of 2 ranks"), "{e}");
 }
+
+/// A rank's graph says how each node relates to the single-device value: `tp=split(AXIS)` for
+/// its block, `tp=partial` for its addend of a sum. The text and RON forms keep it.
+#[test]
+fn a_rank_marks_its_blocks_and_partial_sums_and_the_dump_round_trips() {
+    let whole = optimised(
+        &build(&shipped("tiny-sparse.ron")),
+        AttentionChoice::Auto,
+        false,
+    );
+    let rank = partition(&whole, 2).unwrap().remove(1);
+    let text = glmc_ir::print_module(&rank);
+    for line in [
+        "\"model.layers.0.self_attn.q_b_proj+rope\" tp=split(1)",
+        "\"model.layers.0.self_attn.attn\" tp=split(1)",
+        "\"model.layers.1.mlp.experts.gate_up\" tp=split(2)",
+        "\"model.layers.0.self_attn.o_proj.partial\" tp=partial",
+        "\"lm_head.shard\" tp=split(1)",
+    ] {
+        assert!(text.contains(line), "missing {line}");
+    }
+    assert!(
+        text.contains("all_reduce") && !text.contains("self_attn.o_proj\" tp="),
+        "the all_reduce holds the whole value"
+    );
+    let parsed = glmc_ir::parse_module(&text).unwrap();
+    assert_eq!(glmc_ir::print_module(&parsed), text);
+    let ron = glmc_ir::serial::to_ron(&rank).unwrap();
+    let back = glmc_ir::serial::from_ron(&ron).unwrap();
+    assert_eq!(glmc_ir::print_module(&back), text);
+}
+
+/// The split layout of a whole module, for single-device traces: every degree the model allows
+/// divides its units, and the axes are the ranks' (the logits' under their whole name).
+#[test]
+fn the_split_layout_names_the_axes_the_ranks_split() {
+    let whole = optimised(
+        &build(&shipped("tiny-sparse.ron")),
+        AttentionChoice::Auto,
+        false,
+    );
+    let layout = glmc_passes::split_layout(&whole).unwrap();
+    assert_eq!(layout.units, 2, "tiny-sparse has 2 heads");
+    let axis = |f: &str, node: &str| layout.axes.get(&(f.to_string(), node.to_string())).copied();
+    assert_eq!(
+        axis("prefill", "model.layers.0.self_attn.q_b_proj+rope"),
+        Some(1)
+    );
+    assert_eq!(
+        axis("decode", "model.layers.1.mlp.experts.gate_up"),
+        Some(2)
+    );
+    assert_eq!(axis("prefill", "lm_head"), Some(1));
+    assert_eq!(axis("prefill", "model.layers.0.self_attn.o_proj"), None);
+    assert_eq!(
+        axis("prefill", "model.layers.0.self_attn.o_proj.weight"),
+        None
+    );
+    let rank = partition(&whole, 2).unwrap().remove(0);
+    assert!(glmc_passes::split_layout(&rank)
+        .unwrap_err()
+        .to_string()
+        .contains("already rank 0 of 2"));
+}

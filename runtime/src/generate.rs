@@ -51,10 +51,12 @@ pub enum Call {
     Decode { position: usize },
 }
 
-/// The per-node hook of a run (`--trace`, `--check-finite`): called after each node with its
-/// outputs by executors that observe nodes. An error stops the run and is returned by it.
+/// The per-node hook of a run (`--trace`, `--check-finite`): called after each node with the
+/// rank that ran it (0 on a single device) and its outputs by executors that observe nodes. The
+/// ranks of a tensor-parallel run call it in turn from their threads, each in its own execution
+/// order. An error stops the run and is returned by it.
 pub type NodeHook<'a> =
-    dyn FnMut(Call, &glmc_ir::Node, &[&Tensor]) -> Result<(), GenerateError> + 'a;
+    dyn FnMut(Call, usize, &glmc_ir::Node, &[&Tensor]) -> Result<(), GenerateError> + Send + 'a;
 
 /// What one call of `prefill` or `decode` returned.
 #[derive(Clone, Debug, PartialEq)]
@@ -135,7 +137,7 @@ struct Rank<'a> {
 /// The reference interpreter as an [`Executor`]: one module, or the ranks of one
 /// tensor-parallel group (`tp-partition`'s modules, by rank) run in lockstep on threads whose
 /// collectives meet in one [`Communicator`] group. Every rank computes the same logits and
-/// token; rank 0's are returned, and rank 0 alone is traced.
+/// token; rank 0's are returned. Every rank's nodes are shown to the hook.
 pub struct InterpExecutor<'a> {
     ranks: Vec<Rank<'a>>,
     weights: &'a (dyn WeightSource + Sync),
@@ -174,7 +176,7 @@ impl<'a> InterpExecutor<'a> {
         }
     }
 
-    /// Breaks rank 0's node of `fault` (a test hook, see [`Fault`]).
+    /// Breaks the node of `fault` on its rank (a test hook, see [`Fault`]).
     pub fn with_fault(mut self, fault: Option<Fault>) -> InterpExecutor<'a> {
         self.fault = fault;
         self
@@ -219,34 +221,45 @@ impl Executor for InterpExecutor<'_> {
         }
         let weights = self.weights;
         let fault = self.fault.as_ref();
+        // The hook, and the error that stopped it: the interpreter finishes the call after a
+        // hook's error, later nodes of every rank are not shown to the hook, and the error is
+        // returned in place of the results.
+        let hook = std::sync::Mutex::new((trace, None::<GenerateError>));
+        let observe = |rank: usize, node: &glmc_ir::Node, outputs: &[&Tensor]| {
+            let broken: Option<Vec<Tensor>> = fault
+                .filter(|f| f.node == node.name && f.rank == rank)
+                .map(|f| outputs.iter().map(|t| f.apply(t)).collect());
+            let mut guard = hook.lock().unwrap_or_else(|e| e.into_inner());
+            let (trace, stopped) = &mut *guard;
+            if stopped.is_none() {
+                let seen: Vec<&Tensor> = match &broken {
+                    Some(b) => b.iter().collect(),
+                    None => outputs.to_vec(),
+                };
+                *stopped = trace(call, rank, node, &seen).err();
+            }
+            broken
+        };
         let (first, others) = self.ranks.split_first_mut().expect("at least one rank");
-        let mut stopped = None;
         let results: Vec<Result<Vec<Tensor>, InterpError>> = std::thread::scope(|scope| {
+            let observe = &observe;
             let handles: Vec<_> = others
                 .iter_mut()
-                .map(|rank| {
+                .enumerate()
+                .map(|(i, rank)| {
                     scope.spawn(move || {
                         let f = rank.module.function(phase.name()).expect("checked above");
                         let caches = &mut [&mut rank.cache];
-                        rank.interp.run(rank.module, f, weights, caches, inputs)
+                        let mut patch = |node: &glmc_ir::Node, _: &[&Tensor], out: &[&Tensor]| {
+                            observe(i + 1, node, out)
+                        };
+                        rank.interp
+                            .run_patched(rank.module, f, weights, caches, inputs, &mut patch)
                     })
                 })
                 .collect();
-            // The interpreter finishes the call after a hook's error; later nodes are not shown
-            // to the hook, and the error is returned in place of the results.
-            let mut patch = |node: &glmc_ir::Node, _: &[&Tensor], outputs: &[&Tensor]| {
-                let broken: Option<Vec<Tensor>> = fault
-                    .filter(|f| f.node == node.name)
-                    .map(|f| outputs.iter().map(|t| f.apply(t)).collect());
-                if stopped.is_none() {
-                    let seen: Vec<&Tensor> = match &broken {
-                        Some(b) => b.iter().collect(),
-                        None => outputs.to_vec(),
-                    };
-                    stopped = trace(call, node, &seen).err();
-                }
-                broken
-            };
+            let mut patch =
+                |node: &glmc_ir::Node, _: &[&Tensor], out: &[&Tensor]| observe(0, node, out);
             let f = first.module.function(phase.name()).expect("checked above");
             let caches = &mut [&mut first.cache];
             let mut results = vec![first.interp.run_patched(
@@ -264,6 +277,7 @@ impl Executor for InterpExecutor<'_> {
             );
             results
         });
+        let (_, stopped) = hook.into_inner().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = stopped {
             return Err(e);
         }

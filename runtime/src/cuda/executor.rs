@@ -391,7 +391,10 @@ impl CudaExecutor {
             PhaseKind::Prefill => n.prefill.get(name),
             PhaseKind::Decode => n.decode.get(name),
         });
-        let broken = self.fault.as_ref().filter(|f| &f.node == name);
+        let broken = self
+            .fault
+            .as_ref()
+            .filter(|f| &f.node == name && f.rank == 0);
         if node.is_none() && broken.is_none() {
             return Ok(());
         }
@@ -429,7 +432,7 @@ impl CudaExecutor {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<&Tensor> = values.iter().collect();
-        hook(call, node, &refs)
+        hook(call, 0, node, &refs)
     }
 
     /// Checks `inputs` against phase `kind` and uploads them into its input buffers: the
