@@ -280,6 +280,7 @@ fn bench_attention(
     let start = Instant::now();
     let options = BuildOptions {
         logits: LogitRows::Last,
+        ..BuildOptions::default()
     };
     let built = build(&args.model, &options, &pipeline, None)?;
     let path = attention_name(&built);
@@ -679,6 +680,7 @@ mod tests {
         };
         let options = BuildOptions {
             logits: LogitRows::Last,
+            ..BuildOptions::default()
         };
         let built = build(
             std::path::Path::new("models/tiny-sparse.ron"),

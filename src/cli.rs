@@ -132,6 +132,11 @@ pub struct CompileArgs {
     /// Print each pass's wall time and whether it changed the module (stderr; never in the artifact).
     #[arg(long)]
     pub time_passes: bool,
+    /// Build for greedy runs that need no logits: `next_token` is the argmax, the logits are no
+    /// result, and lm_head fuses with the argmax (`fuse-lm-head-argmax`). Such an artifact
+    /// neither samples nor writes logits.
+    #[arg(long)]
+    pub greedy: bool,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }
@@ -179,6 +184,9 @@ pub struct DumpArgs {
     /// The rank whose graph --tp prints, 0..TP.
     #[arg(long, default_value_t = 0)]
     pub rank: u64,
+    /// The graph of a greedy run that needs no logits (see `glmc compile --greedy`).
+    #[arg(long)]
+    pub greedy: bool,
     #[command(flatten)]
     pub limits: LimitsArgs,
     #[command(flatten)]

@@ -7,7 +7,7 @@ use anyhow::Context;
 use glmc_codegen::artifact::Manifest;
 use glmc_codegen::{lower_module, nvcc, render, Limits, Lowered, Target};
 use glmc_ir::{print_function, print_module, print_module_summary, verify_module, DType, Module};
-use glmc_models::builder::BuildOptions;
+use glmc_models::builder::{BuildOptions, Sampler};
 use glmc_models::{AttentionMode, ImportNote, ModelConfig};
 use glmc_passes::{pipeline, AttentionChoice, PassRecord, PipelineOptions};
 use regex::Regex;
@@ -91,6 +91,18 @@ pub fn build(
     })
 }
 
+/// What `--greedy` asks of the builder (see `Sampler::Greedy`).
+pub fn build_options(greedy: bool) -> BuildOptions {
+    BuildOptions {
+        sampler: if greedy {
+            Sampler::Greedy
+        } else {
+            Sampler::TopP
+        },
+        ..Default::default()
+    }
+}
+
 /// The artifact's limits: the flags, with the context capped by the model's positions.
 pub fn limits(config: &ModelConfig, args: &LimitsArgs) -> Limits {
     Limits {
@@ -117,7 +129,12 @@ pub fn lower(built: &Built, target: Target, args: &LimitsArgs) -> anyhow::Result
 
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let target: Target = args.target.parse()?;
-    let built = build(&args.model, &BuildOptions::default(), &args.pipeline, None)?;
+    let built = build(
+        &args.model,
+        &build_options(args.greedy),
+        &args.pipeline,
+        None,
+    )?;
     if args.model.is_dir() {
         crate::checkpoint::check_if_present(&built, &args.model)?;
     }

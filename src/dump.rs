@@ -4,7 +4,6 @@ use std::io::Write;
 
 use anyhow::Context;
 use glmc_ir::{dot::to_dot, print_module, print_module_summary, serial::to_ron, Module};
-use glmc_models::builder::BuildOptions;
 use glmc_passes::manager::full_match;
 use regex::Regex;
 
@@ -21,7 +20,7 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
     };
     let built = build(
         &args.model,
-        &BuildOptions::default(),
+        &crate::compile::build_options(args.greedy),
         &args.pipeline,
         after.clone(),
     )?;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use glmc_codegen::artifact::{Manifest, MANIFEST_VERSION};
 use glmc_codegen::{nvcc, Limits, Target};
-use glmc_models::builder::{BuildOptions, LogitRows};
+use glmc_models::builder::{BuildOptions, LogitRows, Sampler};
 use glmc_models::ModelConfig;
 use glmc_passes::AttentionChoice;
 use glmc_runtime::cuda::{random_fill, CudaExecutor, Gpu};
@@ -33,7 +33,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         Some(_) => LogitRows::All,
         None => LogitRows::Last,
     };
-    let built = build(&args.model, &BuildOptions { logits }, &args.pipeline, None)?;
+    let options = BuildOptions {
+        logits,
+        sampler: sampler(args),
+    };
+    let built = build(&args.model, &options, &args.pipeline, None)?;
     // `dir` holds tokenizer.json and generation_config.json, which random weights do not replace.
     let (weights, dir) = match args.random_weights {
         Some(seed) => (
@@ -172,6 +176,16 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
             limits.max_context
         );
     }
+    let greedy_build = manifest
+        .phases
+        .iter()
+        .all(|p| p.results.iter().all(|(name, _)| name != "logits"));
+    if greedy_build && (args.temperature != 0.0 || args.dump_logits.is_some()) {
+        bail!(
+            "{} was compiled with --greedy: it returns no logits and always takes the most likely token, so it neither samples (--temperature) nor writes logits (--dump-logits); recompile it without --greedy",
+            dir.display()
+        );
+    }
     let eos = eos_ids(&manifest.config, args.weights.as_deref())?;
     let mut exec = match &weights {
         Weights::Checkpoint(c) => CudaExecutor::load(&manifest, &cubin, c)?,
@@ -214,6 +228,19 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
         tokenizer.as_ref(),
         traced,
     )
+}
+
+/// The sampler the run's graph is built with: greedy, with no logits to return (so `lm_head`
+/// fuses with the argmax), where the temperature is 0 and nothing reads the logits (neither
+/// --dump-logits nor --trace or --check-finite, which see every node); with --tp the ranks each
+/// hold part of the vocabulary, which the fused argmax does not combine.
+fn sampler(args: &RunArgs) -> Sampler {
+    let greedy = args.temperature == 0.0 && args.dump_logits.is_none() && !observes(args);
+    if greedy && args.tp == 1 {
+        Sampler::Greedy
+    } else {
+        Sampler::TopP
+    }
 }
 
 /// Whether the run shows every node to its hook.

@@ -102,6 +102,43 @@ fn phase_selects_one_function() {
     }
 }
 
+/// `--greedy` builds for a greedy run without logits: the dump shows `sample.argmax` and no
+/// `logits` result before `fuse-lm-head-argmax`, and `matmul.argmax` after it; the default
+/// build keeps `sample.top_p` and its logits, which the pass leaves alone.
+#[test]
+fn greedy_dumps_show_the_argmax_and_its_fusion() {
+    let after = |extra: &[&str]| {
+        let mut args = vec![
+            "dump",
+            "models/tiny-sparse.ron",
+            "--phase",
+            "decode",
+            "--dtype",
+            "bf16",
+            "--after",
+            "fuse-elementwise|fuse-lm-head-argmax",
+        ];
+        args.extend(extra);
+        glmc_ok(&args)
+    };
+    let greedy = after(&["--greedy"]);
+    let (before, fused) = greedy
+        .split_once("// ===== after pass fuse-lm-head-argmax (changed) =====")
+        .expect("the pass changed the greedy build");
+    let returns = |dump: &str| {
+        let line = dump.lines().find(|l| l.starts_with("  return ")).unwrap();
+        line.split(", ").count() == 1 && line.ends_with(" \"next_token\"")
+    };
+    assert!(before.contains("sample.argmax") && !before.contains("sample.top_p"));
+    assert!(returns(before), "{before}");
+    assert!(fused.contains("= matmul.argmax %") && !fused.contains("sample.argmax"));
+    assert!(!fused.contains(" \"lm_head\"\n") && !fused.contains("\"logits\""));
+    assert!(returns(fused), "{fused}");
+    let sampling = after(&[]);
+    assert!(sampling.contains("// ===== after pass fuse-lm-head-argmax (unchanged) ====="));
+    assert!(sampling.contains("sample.top_p") && !sampling.contains("matmul.argmax"));
+}
+
 /// The DOT export has one node per line of the text dump, labelled with its id and op, and one
 /// edge per operand (labelled with the operand index and, for a second output, `#k`), plus the
 /// result; edges are derived here from the text dump, not from the IR.

@@ -95,6 +95,18 @@ pub fn function_cost(f: &Function, bindings: &Bindings) -> Vec<OpCost> {
                     flops: 2.0 * numel(&outs[0], bindings) * k,
                 }
             }
+            // The product of rows × vocabulary, of which only a token per row is written.
+            Op::MatmulArgmax {} => {
+                let (rows, n, k) = (
+                    dim(&ins[0], 0, bindings),
+                    dim(&ins[1], 0, bindings),
+                    dim(&ins[1], 1, bindings),
+                );
+                Cost {
+                    bytes: read + written,
+                    flops: 2.0 * rows * n * k,
+                }
+            }
             Op::MatmulHeads {} => {
                 let k = dim(&ins[1], 2, bindings);
                 Cost {

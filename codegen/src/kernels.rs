@@ -300,6 +300,7 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::SampleArgmax {} => sample(cx, false),
         Op::SampleTopP {} => sample(cx, true),
         Op::Matmul {} => gemm(cx, false, None),
+        Op::MatmulArgmax {} => gemm_argmax(cx),
         Op::MatmulHeads {} => gemm(cx, true, None),
         Op::MatmulRope {
             end,
@@ -864,12 +865,12 @@ const SKINNY_PREFILL_ROWS: i64 = 16;
 /// prefill on the tensor cores gets two kernels, the tiled one and, for a few rows, the skinny
 /// one; the row count at run time picks.
 fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowering, String> {
-    let (mut tiled, rows) = matmul(cx, heads, rope, None)?;
+    let (mut tiled, rows) = matmul(cx, heads, rope, None, None)?;
     if tiled.spec.template != TILED_GEMM.template {
         return Ok(Lowering::Launch(tiled));
     }
     let tiled_sources = cx.sources.take();
-    let (mut skinny, _) = matmul(cx, heads, rope, Some(&SKINNY_GEMM))?;
+    let (mut skinny, _) = matmul(cx, heads, rope, Some(&SKINNY_GEMM), None)?;
     let skinny_sources = cx.sources.take();
     skinny.when = Some(Guard::at_most(rows.clone(), SKINNY_PREFILL_ROWS));
     tiled.when = Some(Guard::above(rows, SKINNY_PREFILL_ROWS));
@@ -880,11 +881,14 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
 }
 
 /// One GEMM kernel for the node (`tile`, or the one [`gemm_tile`] picks) and its row count.
+/// With `argmax` (`matmul.argmax`) it stores no output: its epilogue folds each row's logits
+/// into that scratch buffer's per-row slot (see `gemm_argmax.cu`).
 fn matmul(
     cx: &NodeCtx,
     heads: bool,
     rope: Option<&RopeColumns>,
     tile: Option<&'static GemmTile>,
+    argmax: Option<Scratch>,
 ) -> Result<(Planned, Poly), String> {
     let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     if !w.is_contiguous() {
@@ -892,7 +896,10 @@ fn matmul(
     }
     let keep = if heads { 2 } else { 1 };
     let xl = lead(x, keep, "x")?;
-    let (y_rows, y_row) = plain_rows(y, keep, "the output")?;
+    let (y_rows, y_row) = match argmax {
+        Some(_) => (y.shape[0].clone(), Poly::zero()),
+        None => plain_rows(y, keep, "the output")?,
+    };
     let (k, n) = (
         const_dim(w, w.shape.len() - 1, "the weight")?,
         const_dim(w, w.shape.len() - 2, "the weight")?,
@@ -912,16 +919,24 @@ fn matmul(
     }
     let tile = tile.unwrap_or_else(|| gemm_tile(x, w, &xl, &x_head, k));
     let mut cols = n;
+    // Under argmax the logits are rounded to the dtype the unfused matmul stores them in.
+    let (y_dtype, shared) = match argmax {
+        Some(_) => (x.dtype, tile.shared + tile.rows as u32 * 8),
+        None => (y.dtype, tile.shared),
+    };
     let mut b = Builder::new(tile.template, 256)
         .param("op", cx.node.op.name())
         .param("k", k)
         .param("n", n)
         .param("heads", h)
         .param("rope", rope.is_some())
-        .dtype("y_t", y.dtype)?
+        .dtype("y_t", y_dtype)?
         .dtype("x_t", x.dtype)?
         .dtype("w_t", w.dtype)?
-        .shared(tile.shared, tile.dynamic);
+        .shared(shared, tile.dynamic);
+    if argmax.is_some() {
+        b = b.param("argmax", true);
+    }
     for (k, v) in tile.params {
         b = b.param(k, v);
     }
@@ -938,17 +953,18 @@ fn matmul(
         );
         b = b.param("vec", v);
     }
-    let mut args = vec![
-        cx.ptr("y", y),
-        int("y_row", y_row),
-        int("y_head", y_head),
+    let mut args = match argmax {
+        Some(best) => vec![cx.scratch_ptr("best", best)],
+        None => vec![cx.ptr("y", y), int("y_row", y_row), int("y_head", y_head)],
+    };
+    args.extend([
         cx.ptr("x", x),
         int("x_outer", xl.outer_stride),
         int("x_row", xl.row_stride),
         int("x_inner_rows", xl.inner),
         int("x_head", x_head),
         cx.ptr("w", w),
-    ];
+    ]);
     if let Some(r) = rope {
         let fits = r.period > 0
             && n % r.period == 0
@@ -992,6 +1008,65 @@ fn matmul(
         per_block: tile.rows,
     };
     Ok((b.planned(grid, args), xl.rows))
+}
+
+/// Threads of `matmul.argmax`'s init and finish kernels, one per row.
+const ARGMAX_THREADS: u32 = 64;
+
+/// `matmul.argmax`: three launches (`gemm_argmax.cu` says why they give `sample.argmax` of the
+/// unfused logits): clear one 64-bit slot per row of a scratch buffer, run the GEMM the unfused
+/// `matmul` of these rows would run with the argmax epilogue, which folds its logits into the
+/// slots, and turn each slot into the token. Any row count takes the few-row GEMMs (the skinny
+/// one on the tensor cores, else the SIMT GEMV): their tiles are narrow in columns, which keeps
+/// a block's share of a row small, and a greedy build has one row per sequence.
+fn gemm_argmax(cx: &NodeCtx) -> Result<Lowering, String> {
+    let (out, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
+    if out.dtype != DType::I64 || !out.is_contiguous() {
+        return Err(format!("the tokens must be contiguous i64 ({out})"));
+    }
+    let n = const_dim(w, 0, "the weight")?;
+    if n > u32::MAX as u64 {
+        return Err(format!(
+            "{n} columns: the argmax keys hold a column in 32 bits"
+        ));
+    }
+    let rows = out.shape[0].clone();
+    let best = cx.scratch(DType::I64, rows.clone());
+    let xl = lead(x, 1, "x")?;
+    let k = const_dim(w, 1, "the weight")?;
+    let tile = match gemm_tile(x, w, &xl, &Poly::zero(), k).template {
+        t if t == SKINNY_GEMM.template || t == TILED_GEMM.template => &SKINNY_GEMM,
+        _ => &SIMT_GEMV,
+    };
+    let stage = |stage: &str| {
+        Builder::new("gemm_argmax", ARGMAX_THREADS)
+            .param("op", cx.node.op.name())
+            .param("stage", stage)
+    };
+    let grid = GridDim {
+        work: rows.clone(),
+        per_block: ARGMAX_THREADS as u64,
+    };
+    let init = stage("init").planned(
+        grid.clone(),
+        vec![cx.scratch_ptr("best", best), int("rows", rows.clone())],
+    );
+    let init_sources = cx.sources.take();
+    let (gemm, _) = matmul(cx, false, None, Some(tile), Some(best))?;
+    let gemm_sources = cx.sources.take();
+    let finish = stage("finish").planned(
+        grid,
+        vec![
+            cx.ptr("out", out),
+            cx.scratch_ptr("best", best),
+            int("rows", rows),
+        ],
+    );
+    Ok(Lowering::Launches(vec![
+        (init, init_sources),
+        (gemm, gemm_sources),
+        (finish, cx.sources.take()),
+    ]))
 }
 
 /// A key/value cache operand `[(b,) t, (H,) d]`: (sequence, key, head) strides and `d`.

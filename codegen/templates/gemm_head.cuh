@@ -1,6 +1,12 @@
 {#- The head every GEMM template starts with: its columns (and rope epilogue) and its signature, through the opening brace of the body. -#}
+{%- set argmax = argmax | default(value=false) -%}
 // {{ name }}: {{ op }}, y[r, h, :] = x[r, h, :] · w[h]ᵀ with K = {{ k }}, {{ n }} columns and
 // {{ heads }} head(s); x rows are `x_inner_rows` rows `x_row` apart, repeated every `x_outer`.
+{%- if argmax %}
+// Argmax epilogue (`matmul.argmax`, see gemm_argmax.cu): y is not stored; each block folds its
+// columns of every row into one key per row (argmax_key) in shared memory and then into
+// `best[r]` with one 64-bit atomicMax per row.
+{%- endif %}
 {%- if rope %}
 // Rope epilogue: in every block of {{ period }} columns, columns {{ start }}..{{ end }} are
 // rotated at the row's position ({% if interleaved %}pairs (2i, 2i+1){% else %}pairs (i, i+{{ half }}){% endif %}, theta {{ theta }}).
@@ -31,6 +37,21 @@ __device__ __forceinline__ int column(int l) {
 {%- else %}
 constexpr int COLS = N;
 __device__ __forceinline__ int column(int l) { return l < COLS ? l : -1; }
+{%- endif %}
+{%- if argmax %}
+
+// The key of logit `v` of column `c` (-1: none): the logit as the unfused kernel stores it
+// ({{ y_t }}), its f32 bits mapped so that unsigned order is numeric order (-0 made +0, which
+// compare equal), above the complement of the column, so a larger key is a larger logit or an
+// equal one further left. NaN and no column give 0, below every number's key (-inf's is
+// 0x007fffff'…), so 0 left in a row's slot means the row has no number.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int c) {
+    const float r = rnd<{{ y_t }}>(v);
+    if (c < 0 || isnan(r)) return 0ull;
+    const unsigned bits = __float_as_uint(r == 0.f ? 0.f : r);
+    const unsigned ordered = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+    return (unsigned long long)ordered << 32 | (unsigned)~c;
+}
 {%- endif %}
 
 // The output tile block `block` computes: its column tile, head and first row. Blocks take
@@ -76,7 +97,11 @@ __device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, flo
 }  // namespace {{ name }}_
 
 extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks | default(value=1) }}) {{ name }}(
+{%- if argmax %}
+    unsigned long long* __restrict__ best,
+{%- else %}
     {{ y_t }}* __restrict__ y, i64 y_row, i64 y_head,
+{%- endif %}
     const {{ x_t }}* __restrict__ x, i64 x_outer, i64 x_row, i64 x_inner_rows, i64 x_head,
     const {{ w_t }}* __restrict__ w,
 {%- if rope %}
@@ -85,7 +110,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks | defa
     i64 rows)
 {
     using namespace {{ name }}_;
-{%- if not rope %}
+{%- if not rope and not argmax %}
     const i64* positions = nullptr;  // read only under rope
     const i64 rows_per_position = 1;
 {%- endif %}

@@ -1,3 +1,4 @@
+{%- set argmax = argmax | default(value=false) -%}
 {% include "gemm_head.cuh" %}
     // Tensor-core GEMM for few rows (decode), where the weight's bytes set the time: each block
     // computes 16 columns (two 8-column MMA tiles) of up to 64 rows of one head, and its 8 warps
@@ -84,6 +85,11 @@
         for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) partial[warp][(mi * NT + ni) * 4 + e][lane] = acc[mi][ni][e];
+{%- if argmax %}
+    // The best key of each of the block's rows over its BN columns.
+    __shared__ unsigned long long row_best[BM];
+    for (int i = tid; i < BM; i += {{ threads }}) row_best[i] = 0ull;
+{%- endif %}
     __syncthreads();
     // One unit = one lane's pair of adjacent columns in one row of one tile, summed over warps.
     for (int u = tid; u < MT * NT * 2 * 32; u += {{ threads }}) {
@@ -97,6 +103,17 @@
             v0 += partial[wp][tile * 4 + half * 2][l];
             v1 += partial[wp][tile * 4 + half * 2 + 1][l];
         }
+{%- if argmax %}
+        const int c = n0 + ni * 8 + (l & 3) * 2;
+        const unsigned long long key = max(argmax_key(v0, column(c)), argmax_key(v1, column(c + 1)));
+        if (key != 0ull) atomicMax(&row_best[r - m0], key);
+{%- else %}
         store2(y + r * y_row + h * y_head, n0 + ni * 8 + (l & 3) * 2, v0, v1, positions, r, rows_per_position);
+{%- endif %}
     }
+{%- if argmax %}
+    __syncthreads();
+    for (int i = tid; i < mt * 16 && m0 + i < rows; i += {{ threads }})
+        if (row_best[i] != 0ull) atomicMax(best + m0 + i, row_best[i]);
+{%- endif %}
 }

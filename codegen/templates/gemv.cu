@@ -1,3 +1,4 @@
+{%- set argmax = argmax | default(value=false) -%}
 {% include "gemm_head.cuh" %}
     // SIMT GEMM for few rows, any dtype, f32 FMA: decode in the f32 validation mode, and the f32
     // router, whose handful of rows would leave the 64 × 64 tiles of the baseline idle (it ran
@@ -16,7 +17,15 @@
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int l0 = nt * BN + warp * 2;
     const int c0 = column(l0), c1 = column(l0 + 1);
+{%- if argmax %}
+    // The best key of each of the block's rows over its BN columns. A warp past the last column
+    // still runs (on zeros, its keys dropped), since every thread meets the barriers below.
+    __shared__ unsigned long long row_best[RB];
+    if (threadIdx.x < RB) row_best[threadIdx.x] = 0ull;
+    __syncthreads();
+{%- else %}
     if (c0 < 0 && c1 < 0) return;
+{%- endif %}
     const {{ w_t }}* w0 = w + (i64)h * N * K + (c0 >= 0 ? (i64)c0 * K : 0);
     const {{ w_t }}* w1 = w + (i64)h * N * K + (c1 >= 0 ? (i64)c1 * K : 0);
     const int nr = (int)min((i64)RB, rows - m0);
@@ -66,6 +75,15 @@
             v1 = s1;
         }
     }
+{%- if argmax %}
+    if (lane < nr) {
+        const unsigned long long key = max(argmax_key(v0, c0), argmax_key(v1, c1));
+        if (key != 0ull) atomicMax(&row_best[lane], key);
+    }
+    __syncthreads();
+    if (threadIdx.x < nr && row_best[threadIdx.x] != 0ull) atomicMax(best + m0 + threadIdx.x, row_best[threadIdx.x]);
+{%- else %}
     if (lane < nr)
         store2(y + (m0 + lane) * y_row + h * y_head, l0, v0, v1, positions, m0 + lane, rows_per_position);
+{%- endif %}
 }

@@ -163,3 +163,52 @@ fn glm5_absorbed_attention_compiles_for_64_and_8_heads_without_local_memory() {
         }
     }
 }
+
+/// The kernels of a greedy build's `matmul.argmax` (the slot clearing and finishing kernels,
+/// and the skinny GEMM and the GEMV with the argmax epilogue) at the tiny and GLM-5 sizes, in
+/// bf16 and f32: no local memory on either target.
+#[test]
+fn greedy_lm_head_kernels_compile_without_local_memory() {
+    let nvcc = compiler();
+    let mut kernels = Vec::new();
+    for file in ["tiny-sparse.ron", "glm5.ron"] {
+        for dtype in [DType::BF16, DType::F32] {
+            let m = common::greedy_module(file, |c| c.dtype = dtype);
+            let l = lower_module(&m, Target::Sm120a, LIMITS).unwrap();
+            let names: Vec<String> = l
+                .phases
+                .iter()
+                .flat_map(|p| p.launches())
+                .filter(|x| x.op == "matmul.argmax")
+                .map(|x| x.kernel.clone())
+                .collect();
+            kernels.extend(l.kernels.into_iter().filter(|k| names.contains(&k.name)));
+        }
+    }
+    kernels.sort_by(|a, b| a.name.cmp(&b.name));
+    kernels.dedup_by(|a, b| a.name == b.name);
+    let templates: std::collections::BTreeSet<&str> =
+        kernels.iter().map(|k| k.template.as_str()).collect();
+    assert_eq!(
+        templates.into_iter().collect::<Vec<_>>(),
+        ["gemm_argmax", "gemm_skinny", "gemv"]
+    );
+    let source = render::render(&kernels).unwrap();
+    for target in [Target::Sm120a, Target::Sm90a] {
+        let compiled = nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
+            .unwrap_or_else(|e| panic!("{target}: {e}"));
+        let usage = parse_ptxas(&compiled.ptxas);
+        for k in &kernels {
+            let u = usage
+                .iter()
+                .find(|u| u.name == k.name)
+                .unwrap_or_else(|| panic!("{target}: ptxas says nothing of {}", k.name));
+            assert_eq!(
+                (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
+                (0, 0, 0),
+                "{target}: {u}"
+            );
+            assert!(u.shared_bytes <= target.tile_shared_memory_limit(), "{u}");
+        }
+    }
+}

@@ -487,3 +487,72 @@ fn indexer_scores_take_the_tensor_cores_in_bf16() {
         assert!(note.starts_with("baseline: 2 heads of 16"), "{note}");
     }
 }
+
+/// A greedy build's `matmul.argmax` runs as three launches sharing one scratch slot per row:
+/// clearing the slots, the few-row GEMM of the dtype with the argmax epilogue (the skinny
+/// tensor-core kernel in bf16, the GEMV in f32; at decode and for prefill's last row alike),
+/// and the finish writing the tokens; the logits are never stored.
+#[test]
+fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
+    use glmc_codegen::expr::Poly;
+    use glmc_ir::DType;
+    let cases = [
+        ("tiny-sparse.ron", DType::F32, "glmc_gemv_"),
+        ("tiny-sparse.ron", DType::BF16, "glmc_gemm_skinny_"),
+        ("glm5.ron", DType::BF16, "glmc_gemm_skinny_"),
+        ("glm5.ron", DType::F32, "glmc_gemv_"),
+    ];
+    for (file, dtype, gemm) in cases {
+        let m = common::greedy_module(file, |c| c.dtype = dtype);
+        let l = lower_module(&m, Target::Sm90a, LIMITS).unwrap();
+        for (name, rows) in [("decode", Poly::sym("b")), ("prefill", Poly::constant(1))] {
+            let p = phase(&l, name);
+            assert!(
+                p.launches()
+                    .all(|x| x.op != "sample.argmax" && x.node != "lm_head"),
+                "{file} {dtype} @{name}: the unfused lm_head or argmax is left"
+            );
+            let launches: Vec<_> = p.launches().filter(|x| x.op == "matmul.argmax").collect();
+            let kernels: Vec<&str> = launches.iter().map(|x| x.kernel.as_str()).collect();
+            assert_eq!(launches.len(), 3, "{file} {dtype} @{name}: {kernels:?}");
+            assert!(launches
+                .iter()
+                .all(|x| x.node == "next_token" && x.when.is_none()));
+            assert!(kernels[0].starts_with("glmc_gemm_argmax_"), "{kernels:?}");
+            assert!(kernels[1].starts_with(gemm), "{file} {dtype}: {kernels:?}");
+            assert!(kernels[2].starts_with("glmc_gemm_argmax_"), "{kernels:?}");
+            let kernel = |i: usize| l.kernels.iter().find(|k| k.name == kernels[i]).unwrap();
+            assert_eq!(kernel(0).params["stage"], "init");
+            assert_eq!(kernel(2).params["stage"], "finish");
+            assert_eq!(kernel(1).params["argmax"], "true");
+            let ctype = if dtype == DType::BF16 {
+                "bf16"
+            } else {
+                "float"
+            };
+            assert_eq!(kernel(1).params["y_t"], ctype, "the logits' rounding");
+            let ptr = |i: usize, arg: &str| {
+                launches[i]
+                    .args
+                    .iter()
+                    .find_map(|a| match &a.value {
+                        ArgValue::Ptr(at) if a.name == arg => Some(at.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| panic!("{} has no {arg}", kernels[i]))
+            };
+            let best = ptr(0, "best");
+            assert_eq!(best, ptr(1, "best"), "one scratch for the three launches");
+            assert_eq!(best, ptr(2, "best"));
+            assert_eq!(best.buf, Buf::Arena);
+            assert_eq!(
+                (best.dtype, &best.shape[..]),
+                (DType::I64, &[rows.clone()][..])
+            );
+            assert!(launches[1].args.iter().all(|a| a.name != "y"));
+            let (out, _) = &p.results.iter().find(|(n, _)| n == "next_token").unwrap();
+            assert_eq!(out, "next_token");
+            assert!(p.results.iter().all(|(n, _)| n != "logits"));
+        }
+    }
+}

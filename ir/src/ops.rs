@@ -214,6 +214,12 @@ ops! {
     /// largest value. Ties go to the lowest index. NaN is never chosen (it compares below every
     /// number, −inf included); a row of only NaN gives −1.
     SampleArgmax "sample.argmax" [Arity::Exact(1)] {}
+    /// `lm_head` and the greedy choice in one (`fuse-lm-head-argmax`): `x [n, K]`, `w [N, K]`
+    /// (one float dtype) → `i64 [n]`, equal to `sample.argmax(matmul(x, w))`: per row the index
+    /// of the largest logit, ties to the lowest index, NaN never chosen, −1 for a row of only
+    /// NaN. The logits are those `matmul` gives in x's dtype (a GPU rounds them to it, as the
+    /// unfused `matmul` stores them, so both forms pick the same token).
+    MatmulArgmax "matmul.argmax" [Arity::Exact(2)] {}
     /// Temperature and nucleus (top-p) sampling: `logits [n, V]` (any float dtype),
     /// `temperature f32 [n]`, `top_p f32 [n]`, `uniform f32 [n]` → `i64 [n]`. `uniform[i]` is
     /// one draw in [0, 1) supplied by the caller (`glmc_runtime::sampling::uniform`, a

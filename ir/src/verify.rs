@@ -702,6 +702,12 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             one(out)
         }
+        Op::MatmulArgmax {} => {
+            rank("x", x[0], 2..=2)?;
+            let logits = infer(&Op::Matmul {}, x)?.remove(0);
+            let n = logits_rows(&logits)?;
+            one(TensorType::new(DType::I64, vec![n]))
+        }
         Op::SampleArgmax {} => {
             let n = logits_rows(x[0])?;
             one(TensorType::new(DType::I64, vec![n]))

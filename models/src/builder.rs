@@ -16,7 +16,9 @@
 //!   returns `logits f32[b, vocab]` and `next_token i64[b]`.
 //!
 //! `next_token` is `sample.top_p` of the logits of each sequence's last position, so a GPU
-//! backend can fuse `lm_head` with the sampler; `temperature` 0 makes it greedy.
+//! backend can fuse `lm_head` with the sampler; `temperature` 0 makes it greedy. A build for a
+//! greedy run ([`Sampler::Greedy`]) writes `sample.argmax` instead, and returns the logits only
+//! when they are asked for ([`LogitRows::All`]).
 
 use glmc_ir::{DType, Dim, Function, Module, Op, Recipe, TensorType, Value, VerifyError};
 
@@ -61,10 +63,25 @@ pub enum LogitRows {
     All,
 }
 
+/// How `next_token` is chosen: the compile-time half of the run's sampling settings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sampler {
+    /// `sample.top_p`, driven by the `temperature`, `top_p` and `uniform` inputs (greedy where
+    /// `temperature` is 0), with the logits a result.
+    #[default]
+    TopP,
+    /// `sample.argmax`: the run is greedy whatever the sampler inputs say (they stay, unread, so
+    /// every build takes the same arguments), and the logits are a result only with
+    /// [`LogitRows::All`]. A greedy run that neither writes nor traces the logits asks for
+    /// this, and `fuse-lm-head-argmax` then folds `lm_head` into the argmax.
+    Greedy,
+}
+
 /// What the caller asks of the graph, beyond the model itself (which [`ModelConfig`] describes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BuildOptions {
     pub logits: LogitRows,
+    pub sampler: Sampler,
 }
 
 /// Builds the module with both phases. An error here means the config and the builder
@@ -292,10 +309,17 @@ fn build_function(
     } else {
         logits
     };
-    let mut operands = vec![last];
-    operands.extend(sampler);
-    let next = cx.op(Op::SampleTopP {}, "next_token", &operands)?;
-    cx.f.results.push(("logits".into(), logits));
+    let next = match options.sampler {
+        Sampler::TopP => {
+            let mut operands = vec![last];
+            operands.extend(sampler);
+            cx.op(Op::SampleTopP {}, "next_token", &operands)?
+        }
+        Sampler::Greedy => cx.op(Op::SampleArgmax {}, "next_token", &[last])?,
+    };
+    if options.sampler == Sampler::TopP || options.logits == LogitRows::All {
+        cx.f.results.push(("logits".into(), logits));
+    }
     cx.f.results.push(("next_token".into(), next));
     Ok(cx.f)
 }

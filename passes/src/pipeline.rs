@@ -4,6 +4,7 @@ use crate::absorb_mla::AbsorbMla;
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::fuse_elementwise::FuseElementwise;
+use crate::fuse_lm_head_argmax::FuseLmHeadArgmax;
 use crate::fuse_mla_projections::FuseMlaProjections;
 use crate::lower_moe::LowerMoe;
 use crate::manager::PassManager;
@@ -11,11 +12,12 @@ use crate::pass::PassError;
 use crate::select_attention::{AttentionChoice, SelectAttention};
 
 /// Every pass of the pipeline, in the order it runs.
-pub const PIPELINE: [&str; 7] = [
+pub const PIPELINE: [&str; 8] = [
     "fuse-mla-projections",
     "select-attention",
     "absorb-mla",
     "fuse-elementwise",
+    "fuse-lm-head-argmax",
     "lower-moe",
     "cse",
     "dce",
@@ -50,6 +52,9 @@ pub fn pipeline(options: &PipelineOptions) -> Result<PassManager, PassError> {
     });
     pm.add(AbsorbMla);
     pm.add(FuseElementwise);
+    // A no-op unless the build is greedy and returns no logits (`Sampler::Greedy`), which the
+    // graph itself says (its `sample.argmax`, no `logits` result), so the pass needs no option.
+    pm.add(FuseLmHeadArgmax);
     pm.add(LowerMoe);
     pm.add(Cse);
     pm.add(Dce);

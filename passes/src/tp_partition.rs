@@ -393,6 +393,14 @@ impl<'f> Partition<'f> {
                 Some((0, Size::Vocab)) => Some(Held::VocabShard),
                 _ => None,
             },
+            // A rank's argmax over its vocabulary shard is a local index, and no collective
+            // here combines (value, index) pairs: a split build samples with `sample.top_p`.
+            Op::MatmulArgmax {} if split_operand(1).is_some() => {
+                return Err(self.fail(
+                    n,
+                    "a greedy build's fused lm_head argmax (`matmul.argmax`) cannot be split by vocabulary; build with the top-p sampler for tensor parallelism".into(),
+                ));
+            }
             Op::MoeExperts {} if (3..6).any(|i| split_operand(i).is_some()) => Some(Held::Partial),
             Op::MoeDown {} if split_operand(2).is_some() => Some(Held::Partial),
             Op::MoeCombine { .. } if combine_of_partials => Some(Held::Partial),

@@ -41,6 +41,7 @@ fn before_pass() -> PassManager {
 fn before_and_after(config: &ModelConfig) -> (Module, Module) {
     let all = BuildOptions {
         logits: LogitRows::All,
+        ..Default::default()
     };
     let mut before = build(config, &all).expect("the builder's module verifies");
     before_pass()

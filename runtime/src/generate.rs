@@ -62,7 +62,8 @@ pub type NodeHook<'a> =
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
     /// The logits rows the graph computes: prefill's last position (or every position, for a
-    /// module built with `LogitRows::All`), decode's one row.
+    /// module built with `LogitRows::All`), decode's one row; none from a greedy build that
+    /// returns no logits (`Sampler::Greedy`).
     pub logits: Vec<Vec<f32>>,
     /// The graph's `next_token`, drawn from the last row; `None` when that row holds only NaN.
     pub next_token: Option<u64>,
@@ -301,10 +302,10 @@ impl Executor for InterpExecutor<'_> {
     }
 }
 
-/// Where a phase's results sit.
+/// Where a phase's results sit; a greedy build may return no logits.
 #[derive(Clone, Copy)]
 struct Results {
-    logits: usize,
+    logits: Option<usize>,
     next_token: usize,
 }
 
@@ -317,7 +318,7 @@ impl Results {
                 .ok_or(GenerateError::MissingResult { function, result })
         };
         Ok(Results {
-            logits: index("logits")?,
+            logits: names.iter().position(|name| name == "logits"),
             next_token: index("next_token")?,
         })
     }
@@ -462,7 +463,18 @@ fn step(
         expected: expected.to_string(),
     };
     let next = std::mem::replace(&mut out[results.next_token], Tensor::zeros(vec![0]));
-    let logits = std::mem::replace(&mut out[results.logits], Tensor::zeros(vec![0]));
+    let next = match next.as_i64() {
+        Ok(&[id]) => id,
+        _ => return Err(bad("next_token", format!("{:?}", next.shape()), "one id")),
+    };
+    let next_token = u64::try_from(next).ok();
+    let Some(at) = results.logits else {
+        return Ok(Step {
+            logits: Vec::new(),
+            next_token,
+        });
+    };
+    let logits = std::mem::replace(&mut out[at], Tensor::zeros(vec![0]));
     let shape = format!("{:?}", logits.shape());
     let &[rows, vocab] = logits.shape() else {
         return Err(bad("logits", shape, "[rows, vocab]"));
@@ -473,13 +485,9 @@ fn step(
     let data = logits
         .into_f32()
         .map_err(|_| bad("logits", "integers".into(), "floats"))?;
-    let next = match next.as_i64() {
-        Ok(&[id]) => id,
-        _ => return Err(bad("next_token", format!("{:?}", next.shape()), "one id")),
-    };
     Ok(Step {
         logits: data.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
-        next_token: u64::try_from(next).ok(),
+        next_token,
     })
 }
 

@@ -572,6 +572,7 @@ impl Interpreter {
                 one(moe::combine(a(0), a(1), a(2), s)?)
             }
             Op::SampleArgmax {} => one(sample::argmax(a(0))?),
+            Op::MatmulArgmax {} => one(fused::matmul_argmax(a(0), a(1))?),
             Op::SampleTopP {} => one(sample::top_p(a(0), a(1), a(2), a(3))?),
         }
     }

@@ -11,7 +11,10 @@
 //! Tolerances, from the arithmetic: an f32 output is within 1e-5 of the f64 interpreter relative
 //! to the row's largest value (f32 accumulation over at most 12288 terms); a bf16 output within
 //! one bf16 ulp of its value (2^-8 relative: the output rounding plus f32 differences) plus half
-//! an ulp of the largest value (cancellation of rounded operands, as in rope); integers exactly.
+//! an ulp of the largest value (cancellation of rounded operands, as in rope); integers exactly,
+//! except the tokens of `matmul.argmax`: the GPU picks from its logits rounded to the model's
+//! dtype, so a token is right when its logit (the interpreter's) is within that dtype's
+//! tolerance of the row's largest (`argmax_close`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -23,6 +26,7 @@ use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Phase, Step};
 use glmc_codegen::{lower_module, nvcc, render, Limits, Target};
 use glmc_ir::{DType, Function, Module, NodeIndex, Op, TensorType, Value};
+use glmc_models::builder::{BuildOptions, Sampler};
 use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, PipelineOptions};
 use glmc_runtime::cuda::{launch, random_fill, Gpu, Memory};
@@ -43,17 +47,22 @@ fn out_dir() -> PathBuf {
 }
 
 fn model(file: &str) -> Module {
-    model_in(file, None, &[])
+    model_in(file, None, &[], Sampler::TopP)
 }
 
-/// A shipped model, in `dtype` where given (the f32 validation mode), else its own, after the
+/// A shipped model, in `dtype` where given (the f32 validation mode), else its own, built with
+/// `sampler` (`Greedy`: for a greedy run without logits, ending in `matmul.argmax`), after the
 /// pipeline without the passes `disabled`.
-fn model_in(file: &str, dtype: Option<DType>, disabled: &[&str]) -> Module {
+fn model_in(file: &str, dtype: Option<DType>, disabled: &[&str], sampler: Sampler) -> Module {
     let mut config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
     if let Some(d) = dtype {
         config.dtype = d;
     }
-    let mut m = glmc_models::builder::build(&config, &Default::default()).unwrap();
+    let options = BuildOptions {
+        sampler,
+        ..Default::default()
+    };
+    let mut m = glmc_models::builder::build(&config, &options).unwrap();
     let options = PipelineOptions {
         disabled: disabled.iter().map(|p| p.to_string()).collect(),
         ..Default::default()
@@ -607,6 +616,20 @@ fn check_node(
             kernels.join(",")
         ));
     }
+    if node.op == (Op::MatmulArgmax {}) {
+        let (_, at) = &run.phase.results[0];
+        let tokens = gather(&bytes_of(&run, at), at, &b);
+        let logits = argmax_logits(&mini_module, &mini, &ins)?;
+        let dtype = mini
+            .value_type(mini.operands(mini.results[0].1.node)[0])
+            .dtype;
+        let exact = argmax_close(&tokens, &logits, dtype)?;
+        return Ok(format!(
+            "{exact} of {} tokens the interpreter's argmax, the others within tolerance, via {}",
+            tokens.len(),
+            kernels.join(",")
+        ));
+    }
     let reference = interpret(&mini_module, &mini, &ins)?;
     let mut worst = 0f64;
     for ((_, at), r) in run.phase.results.iter().zip(&reference) {
@@ -620,30 +643,96 @@ fn check_node(
     Ok(format!("max err {worst:.2e} via {}", kernels.join(",")))
 }
 
+/// The interpreter's logits `matmul(x, w)` of a cut `matmul.argmax` (its one node made the
+/// product), as f32 rows.
+fn argmax_logits(m: &Module, mini: &Function, ins: &[Tensor]) -> Result<Tensor, String> {
+    let mut product = mini.clone();
+    let n = product.results[0].1.node;
+    let operands: Vec<TensorType> = product
+        .operands(n)
+        .iter()
+        .map(|v| product.value_type(*v).clone())
+        .collect();
+    let ty = glmc_ir::verify::infer(&Op::Matmul {}, &[&operands[0], &operands[1]])?.remove(0);
+    product.graph[n].op = Op::Matmul {};
+    product.graph[n].outputs = vec![ty];
+    let mut module = m.clone();
+    module.functions = vec![product.clone()];
+    Ok(interpret(&module, &product, ins)?.remove(0))
+}
+
+/// Each GPU token of `matmul.argmax` against the interpreter's `logits [n, V]`: −1 only for a
+/// row of only NaN; otherwise a column whose logit is within the tolerance of `compare` for
+/// `dtype` (one output rounding and f32 differences) of the row's largest, since the GPU
+/// decides on logits rounded to `dtype`, where near-ties may tie or swap. Returns how many
+/// tokens are the interpreter's argmax exactly.
+fn argmax_close(tokens: &[f64], logits: &Tensor, dtype: DType) -> Result<usize, String> {
+    let v = logits.shape()[1];
+    let rows = logits.as_f32().unwrap().chunks(v);
+    let mut exact = 0;
+    for (r, (row, &t)) in rows.zip(tokens).enumerate() {
+        let want = sampling::argmax(row);
+        let Some(best) = want else {
+            if t != -1.0 {
+                return Err(format!("row {r} is all NaN, the GPU chose {t}"));
+            }
+            exact += 1;
+            continue;
+        };
+        if t < 0.0 || t as usize >= v || t.fract() != 0.0 {
+            return Err(format!("row {r}: the GPU chose {t}, not a column of {v}"));
+        }
+        let (m, got) = (row[best] as f64, row[t as usize] as f64);
+        let scale = row.iter().fold(0f64, |a, x| a.max((*x as f64).abs()));
+        let bound = match dtype {
+            DType::BF16 => 2f64.powi(-8) * m.abs() + 2f64.powi(-9) * scale,
+            _ => 1e-5 * scale.max(1e-30),
+        };
+        // NaN (the GPU chose a column whose logit is NaN) fails too.
+        if m - got > bound || got.is_nan() {
+            return Err(format!(
+                "row {r}: the GPU chose column {t} (logit {got}), the interpreter {best} ({m}); bound {bound:e}"
+            ));
+        }
+        exact += usize::from(t as usize == best);
+    }
+    Ok(exact)
+}
+
 /// The tiny models: tiny-sparse also in bf16, whose prefill takes the tensor-core grouped GEMM
 /// at sizes the interpreter checks (GLM-5's are too large to cut out), and without `lower-moe`,
 /// which keeps the `moe.experts` baseline the lowered kernels replaced; tiny-dense in bf16,
-/// whose prefill attention takes the flash kernel (8 + 8 query dims, padded tiles).
+/// whose prefill attention takes the flash kernel (8 + 8 query dims, padded tiles); tiny-sparse
+/// built greedy in f32 and bf16, whose lm_head is fused with the argmax.
 #[test]
 #[ignore = "gpu"]
 fn every_kernel_instance_matches_the_interpreter() {
+    use Sampler::{Greedy, TopP};
     check_every_kernel_instance(
         &[
-            ("tiny-sparse.ron", None, &[][..]),
-            ("tiny-sparse.ron", Some(DType::BF16), &[]),
-            ("tiny-sparse.ron", None, &["lower-moe"]),
-            ("tiny-dense.ron", None, &[]),
-            ("tiny-dense.ron", Some(DType::BF16), &[]),
+            ("tiny-sparse.ron", None, &[][..], TopP),
+            ("tiny-sparse.ron", Some(DType::BF16), &[], TopP),
+            ("tiny-sparse.ron", None, &["lower-moe"], TopP),
+            ("tiny-dense.ron", None, &[], TopP),
+            ("tiny-dense.ron", Some(DType::BF16), &[], TopP),
+            ("tiny-sparse.ron", None, &[], Greedy),
+            ("tiny-sparse.ron", Some(DType::BF16), &[], Greedy),
         ],
         "harness.txt",
     );
 }
 
-/// GLM-5 as compiled (bf16).
+/// GLM-5 as compiled (bf16), and its greedy build's fused lm_head.
 #[test]
 #[ignore = "gpu"]
 fn every_glm5_kernel_instance_matches_the_interpreter() {
-    check_every_kernel_instance(&[("glm5.ron", None, &[])], "harness-glm5.txt");
+    check_every_kernel_instance(
+        &[
+            ("glm5.ron", None, &[], Sampler::TopP),
+            ("glm5.ron", None, &[], Sampler::Greedy),
+        ],
+        "harness-glm5.txt",
+    );
 }
 
 /// GLM-5 in the f32 validation mode, whose GEMMs and expert kernels differ from bf16's.
@@ -651,20 +740,28 @@ fn every_glm5_kernel_instance_matches_the_interpreter() {
 #[ignore = "gpu"]
 fn every_glm5_f32_kernel_instance_matches_the_interpreter() {
     check_every_kernel_instance(
-        &[("glm5.ron", Some(DType::F32), &[])],
+        &[
+            ("glm5.ron", Some(DType::F32), &[], Sampler::TopP),
+            ("glm5.ron", Some(DType::F32), &[], Sampler::Greedy),
+        ],
         "harness-glm5-f32.txt",
     );
 }
 
-/// Checks one node per distinct kernel of each model (`file`, dtype override, disabled
-/// passes) against the interpreter and writes the lines to `report_file`.
-fn check_every_kernel_instance(models: &[(&str, Option<DType>, &[&str])], report_file: &str) {
+/// A model the harness lowers: its file, a dtype override, the passes disabled and the
+/// sampler it is built with. A greedy build differs from the sampling one only in its ends, so
+/// of it only the `matmul.argmax` launches are checked.
+type HarnessModel<'a> = (&'a str, Option<DType>, &'a [&'a str], Sampler);
+
+/// Checks one node per distinct kernel of each model against the interpreter and writes the
+/// lines to `report_file`.
+fn check_every_kernel_instance(models: &[HarnessModel], report_file: &str) {
     let dev = Device::open();
     let mut report = String::new();
     let mut failures = Vec::new();
     let mut rng = Rng(0x9e3779b97f4a7c15);
-    for &(file, dtype, disabled) in models {
-        let module = model_in(file, dtype, disabled);
+    for &(file, dtype, disabled, sampler) in models {
+        let module = model_in(file, dtype, disabled, sampler);
         let config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
         let file = match dtype {
             Some(d) => format!("{file} ({d})"),
@@ -673,6 +770,10 @@ fn check_every_kernel_instance(models: &[(&str, Option<DType>, &[&str])], report
         let file = match disabled {
             [] => file,
             _ => format!("{file} without {}", disabled.join(", ")),
+        };
+        let file = match sampler {
+            Sampler::TopP => file,
+            Sampler::Greedy => format!("{file} greedy"),
         };
         for f in &module.functions {
             let lowered = lower_module(&module, dev.target, limits_for()).unwrap();
@@ -685,7 +786,8 @@ fn check_every_kernel_instance(models: &[(&str, Option<DType>, &[&str])], report
             let mut seen = std::collections::HashSet::new();
             for step in &phase.steps {
                 let Step::Launch(l) = step else { continue };
-                if !seen.insert(l.kernel.clone()) {
+                let checked = sampler == Sampler::TopP || l.op == "matmul.argmax";
+                if !checked || !seen.insert(l.kernel.clone()) {
                     continue;
                 }
                 let n = f.find(&l.node).expect("a launch names its node");
@@ -1209,6 +1311,43 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
                     last = Some((rows, ins, want));
                 }
             }
+        }
+    }
+    // lm_head fused with the argmax (a greedy build), to set against the lm_head lines above.
+    let greedy = model_in("glm5.ron", None, &[], Sampler::Greedy);
+    for f in &greedy.functions {
+        let n = f.find("next_token").unwrap();
+        assert_eq!(f.node(n).op, Op::MatmulArgmax {}, "@{}", f.name);
+        let mini = cut(f, n);
+        let mut mm = Module::new("lm_head_argmax");
+        mm.functions.push(mini.clone());
+        let (sym, sizes): (&str, &[u64]) = match f.name.as_str() {
+            "prefill" => ("s", &[1]),
+            _ => ("b", &[1, 8]),
+        };
+        for &rows in sizes {
+            let b = Bindings::from([(sym.into(), rows), ("t".into(), 4096)]);
+            let ins = inputs(&mini, &b, &mut rng, 154_880, 4096);
+            let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
+            let (_, at) = &run.phase.results[0];
+            let tokens = gather(&bytes_of(&run, at), at, &b);
+            let logits = argmax_logits(&mm, &mini, &ins).unwrap();
+            let err = match argmax_close(&tokens, &logits, DType::BF16) {
+                Ok(exact) => format!("{exact}/{} exact", tokens.len()),
+                Err(e) => {
+                    failures.push(format!("{} next_token rows={rows}: {e}", f.name));
+                    "FAIL".to_string()
+                }
+            };
+            let kernel = launched(&run.phase, &b).join(",");
+            let t = timed(&run, &mini, &b, copy_gbs);
+            let line = format!(
+                "| {} | {rows} | matmul.argmax | next_token | {kernel} | 1 × 154880 × 6144 | {err} | {} |",
+                f.name,
+                t.cells()
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
         }
     }
     print!("{report}");

@@ -1,4 +1,4 @@
-//! `slice.last`, `sample.argmax` and `sample.top_p` in the interpreter, on rows whose answers
+//! `slice.last`, `sample.argmax`, `matmul.argmax` and `sample.top_p` in the interpreter, on rows whose answers
 //! are worked out by hand; and the statistics of `sample.top_p` over many seeded draws, checked
 //! with `sampling::check_frequencies`, the check a GPU harness runs on its own draws.
 
@@ -55,6 +55,19 @@ fn argmax_per_row_lowest_index_on_ties_never_nan() {
     );
     let out = run_op_ok(Op::SampleArgmax {}, vec![(f(&["b", "4"]), logits)]);
     assert_eq!(iv(&out[0]), [1, 3, -1, 3]);
+}
+
+/// `matmul.argmax` is `sample.argmax` of the product: w's rows 1 and 3 tie for row 0 (the
+/// lower wins), row 1 picks w's row 2, and a NaN in x makes row 2 all NaN (−1).
+#[test]
+fn matmul_argmax_takes_the_argmax_of_the_product() {
+    let x = f32t(&[3, 2], vec![1.0, 2.0, -1.0, 0.5, f32::NAN, 1.0]);
+    let w = f32t(&[4, 2], vec![0.0, 0.0, 1.0, 1.0, -2.0, 0.0, 3.0, 0.0]);
+    let out = run_op_ok(
+        Op::MatmulArgmax {},
+        vec![(f(&["b", "2"]), x), (f(&["4", "2"]), w)],
+    );
+    assert_eq!(iv(&out[0]), [1, 2, -1]);
 }
 
 /// Runs `sample.top_p` on `logits [n, V]` with per-row parameters.

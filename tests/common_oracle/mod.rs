@@ -477,6 +477,7 @@ pub fn build_module(dir: &Path) -> Module {
     // The oracle compares every position.
     let options = BuildOptions {
         logits: LogitRows::All,
+        ..Default::default()
     };
     glmc_models::builder::build(&config, &options)
         .unwrap_or_else(|e| panic!("{}: building the graph: {e}", dir.display()))

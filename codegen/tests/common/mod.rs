@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use glmc_codegen::{lower_module, Limits, Lowered, Target};
 use glmc_ir::Module;
+use glmc_models::builder::{BuildOptions, Sampler};
 use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, PipelineOptions};
 
@@ -22,11 +23,29 @@ pub fn module(file: &str) -> (ModelConfig, Module) {
 
 /// [`module`] with the config changed first.
 pub fn module_with(file: &str, change: impl FnOnce(&mut ModelConfig)) -> (ModelConfig, Module) {
+    built_with(file, &BuildOptions::default(), change)
+}
+
+/// [`module_with`] built for a greedy run that returns no logits (`glmc compile --greedy`):
+/// both phases end in `matmul.argmax`.
+pub fn greedy_module(file: &str, change: impl FnOnce(&mut ModelConfig)) -> Module {
+    let options = BuildOptions {
+        sampler: Sampler::Greedy,
+        ..Default::default()
+    };
+    built_with(file, &options, change).1
+}
+
+fn built_with(
+    file: &str,
+    options: &BuildOptions,
+    change: impl FnOnce(&mut ModelConfig),
+) -> (ModelConfig, Module) {
     let mut config = ModelConfig::load(&repo_root().join("models").join(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"));
     change(&mut config);
-    let mut module = glmc_models::builder::build(&config, &Default::default())
-        .expect("the shipped config builds");
+    let mut module =
+        glmc_models::builder::build(&config, options).expect("the shipped config builds");
     pipeline(&PipelineOptions::default())
         .expect("the default pipeline")
         .run(&mut module)

@@ -40,6 +40,7 @@ pub fn shipped(file: &str) -> ModelConfig {
 pub fn build(config: &ModelConfig) -> Module {
     let options = BuildOptions {
         logits: LogitRows::All,
+        ..Default::default()
     };
     glmc_models::builder::build(config, &options)
         .unwrap_or_else(|e| panic!("building {}: {e}", config.name))

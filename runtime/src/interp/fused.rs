@@ -1,4 +1,5 @@
-//! The ops `fuse-elementwise` makes: `add.rmsnorm`, `swiglu`, `matmul.rope`.
+//! The ops `fuse-elementwise` makes (`add.rmsnorm`, `swiglu`, `matmul.rope`) and the one
+//! `fuse-lm-head-argmax` makes (`matmul.argmax`).
 //!
 //! Each is computed by the very kernels of the ops it replaces, in the same order and with the
 //! same intermediate rounding to f32, so a fused graph gives bit-for-bit the unfused graph's
@@ -89,4 +90,14 @@ pub(super) fn matmul_rope(
         data[at..at + r].copy_from_slice(v);
     }
     make(shape, data)
+}
+
+/// `sample.argmax(matmul(x, w))`: the greedy token of each row of the logits, which are
+/// computed as `matmul` computes them (the interpreter keeps every float in f32), so the fused
+/// graph picks the unfused graph's token.
+pub(super) fn matmul_argmax(x: &Tensor, w: &Tensor) -> KResult<Tensor> {
+    if x.shape().len() != 2 {
+        return Err(format!("x must be [n, K], is {:?}", x.shape()));
+    }
+    super::sample::argmax(&kernels::matmul(x, w)?)
 }
