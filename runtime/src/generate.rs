@@ -2,7 +2,7 @@
 //! decode one token at a time through `decode` and the persistent caches (never by re-running
 //! the whole sequence).
 
-use glmc_ir::{Function, Module};
+use glmc_ir::{Function, Module, Op};
 
 use crate::collective::Communicator;
 use crate::interp::{InterpError, Interpreter, SequenceCache, WeightSource};
@@ -200,12 +200,15 @@ impl Executor for InterpExecutor<'_> {
 
     fn vocab(&self) -> Option<usize> {
         let f = self.function(PhaseKind::Prefill).ok()?;
-        let (_, logits) = f.results.iter().find(|(n, _)| n == "logits")?;
-        f.value_type(*logits)
-            .shape
-            .last()
-            .and_then(|d| d.as_const())
-            .map(|v| v as usize)
+        // The logits' width, or in a greedy build without logits the embedding table's rows.
+        let width = match f.results.iter().find(|(n, _)| n == "logits") {
+            Some((_, logits)) => f.value_type(*logits).shape.last().cloned(),
+            None => f.graph.node_indices().find_map(|n| match f.node(n).op {
+                Op::Embed {} => f.value_type(f.operands(n)[0]).shape.first().cloned(),
+                _ => None,
+            }),
+        };
+        width.and_then(|d| d.as_const()).map(|v| v as usize)
     }
 
     fn run(

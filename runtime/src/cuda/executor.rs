@@ -22,7 +22,7 @@ use glmc_codegen::artifact::{Manifest, StateEntry, WeightEntry};
 use glmc_codegen::expr::Poly;
 use glmc_codegen::expr::{decode_bindings, prefill_bindings, Bindings};
 use glmc_codegen::layout::{Buf, TensorRef};
-use glmc_codegen::schedule::{Phase, Step};
+use glmc_codegen::schedule::{ArgValue, Phase, Step};
 use glmc_codegen::Target;
 use glmc_ir::{Module, Node, Op};
 
@@ -287,11 +287,21 @@ impl CudaExecutor {
                 .collect()
         };
         let (prefill_inputs, decode_inputs) = (input_buffers(&prefill)?, input_buffers(&decode)?);
+        // The logits' width, or in a greedy build without logits the embedding table's rows.
+        let embed_rows = || {
+            prefill.launches().filter(|l| l.op == "embed").find_map(|l| {
+                l.args.iter().find_map(|a| match (&a.name[..], &a.value) {
+                    ("table", ArgValue::Ptr(t)) => t.shape.first().cloned(),
+                    _ => None,
+                })
+            })
+        };
         let vocab = prefill
             .results
             .iter()
             .find(|(n, _)| n == "logits")
-            .and_then(|(_, r)| r.shape.last())
+            .and_then(|(_, r)| r.shape.last().cloned())
+            .or_else(embed_rows)
             .and_then(|d| d.as_const())
             .map(|v| v as usize);
         Ok(CudaExecutor {
