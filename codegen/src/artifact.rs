@@ -9,8 +9,9 @@ use crate::lower::{Limits, Lowered};
 use crate::nvcc::KernelUsage;
 use crate::schedule::{Kernel, Phase};
 
-/// Bumped whenever the manifest's meaning changes; the runtime refuses other versions.
-pub const MANIFEST_VERSION: u32 = 2;
+/// Bumped whenever the manifest's meaning changes; the runtime refuses other versions (3: prefill
+/// takes the cache slot it fills).
+pub const MANIFEST_VERSION: u32 = 3;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WeightEntry {

@@ -110,7 +110,7 @@ pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, Stri
         .dtype("out_t", out.dtype)?
         .shared(shared as u32, true);
     let rows = out.shape[0].clone();
-    let args = vec![
+    let mut args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),
         int("out_head", out_head),
@@ -132,6 +132,7 @@ pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, Stri
         int("rows", rows.clone()),
         float("scale", scale),
     ];
+    let b = cx.slotted(b, &mut args, &[("k1", k1), ("k2", k2), ("v", v)]);
     // Whole row tiles times the heads; blocks past the last row tile return at once.
     let grid = GridDim {
         work: rows
@@ -198,7 +199,7 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
         .dtype("w_t", w.dtype)?
         .shared(shared as u32, true);
     let keys = out.shape[1].clone();
-    let args = vec![
+    let mut args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),
         cx.ptr("q", q),
@@ -213,6 +214,7 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
         int("rows", rows.clone()),
         int("keys", keys.clone()),
     ];
+    let b = cx.slotted(b, &mut args, &[("k", k)]);
     // At least (row tiles) × (key chunks) blocks; the ones past the last row tile return.
     let grid = GridDim {
         work: rows
