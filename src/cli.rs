@@ -266,7 +266,9 @@ fn parse_prompt_ids(text: &str) -> Result<PromptIds, String> {
     text.split(',')
         .map(|id| {
             id.trim().parse::<u64>().map_err(|e| {
-                format!("`{id}` is not a token id ({e}): give comma-separated integers, e.g. 3,17,42")
+                format!(
+                    "`{id}` is not a token id ({e}): give comma-separated integers, e.g. 3,17,42"
+                )
             })
         })
         .collect::<Result<_, _>>()

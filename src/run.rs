@@ -143,7 +143,12 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
     let limits = &manifest.limits;
     for (flag, asked, compiled, what) in [
         ("--max-batch", args.max_batch, limits.max_batch, "sequences"),
-        ("--max-context", args.max_context, limits.max_context, "tokens of context"),
+        (
+            "--max-context",
+            args.max_context,
+            limits.max_context,
+            "tokens of context",
+        ),
     ] {
         if let Some(asked) = asked.filter(|&a| a > compiled) {
             bail!(

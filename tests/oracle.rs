@@ -414,7 +414,11 @@ fn check_batch_consistency(
         let module = default_module(&o.dir);
         let weights = common_oracle::checkpoint(&o.dir);
         let t = o.t();
-        let prompts = vec![o.tokens.clone(), o.tokens[t / 2..].to_vec(), o.prompt.clone()];
+        let prompts = vec![
+            o.tokens.clone(),
+            o.tokens[t / 2..].to_vec(),
+            o.prompt.clone(),
+        ];
         let alone = |eos: &[u64]| -> Vec<Generation> {
             prompts
                 .iter()
@@ -434,8 +438,15 @@ fn check_batch_consistency(
             .unwrap_or_else(|| panic!("{}: no token stops the middle sequence alone", o.case));
         let singles = alone(&eos);
         let mut g = make(&o, &module, &weights, prompts.len() as u64);
-        let batch = generate_batch(&mut g, &prompts, BATCH_NEW, &greedy(), &eos, &mut no_trace())
-            .expect("generate_batch");
+        let batch = generate_batch(
+            &mut g,
+            &prompts,
+            BATCH_NEW,
+            &greedy(),
+            &eos,
+            &mut no_trace(),
+        )
+        .expect("generate_batch");
         assert!(
             singles[1].generated.len() < singles[2].generated.len(),
             "{}: the middle sequence stops before the last ({:?}, {:?})",
@@ -456,7 +467,11 @@ fn check_batch_consistency(
                 assert_eq!(b.tokens, s.tokens, "{} sequence {i}: tokens", o.case);
             }
             let rows = same.saturating_sub(b.logits_from).min(b.logits.len());
-            let e = row_errors(&Logits::from_rows(&b.logits), &Logits::from_rows(&s.logits), rows);
+            let e = row_errors(
+                &Logits::from_rows(&b.logits),
+                &Logits::from_rows(&s.logits),
+                rows,
+            );
             line += &format!(
                 "  seq {i} ({}+{} tokens) {}",
                 prompts[i].len(),

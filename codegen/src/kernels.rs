@@ -650,13 +650,12 @@ pub fn copy(
         b = b.param("slotted", true);
     }
     let Lowering::Launch(mut planned) = b.launch(
-            GridDim {
-                work: src.numel(),
-                per_block: ELEMENTWISE_THREADS as u64,
-            },
-            Vec::new(),
-        )
-    else {
+        GridDim {
+            work: src.numel(),
+            per_block: ELEMENTWISE_THREADS as u64,
+        },
+        Vec::new(),
+    ) else {
         unreachable!("Builder::launch makes a launch")
     };
     let mut args = vec![ptr("y", dst)];

@@ -300,7 +300,9 @@ impl<'a> State<'a> {
     /// Where the function's cache slot is (the `slot` operand of its `cache.update`s), if they
     /// name one.
     fn slot(&self) -> Option<TensorRef> {
-        self.slot.and_then(|v| self.locs.get(&v)).map(|l| l.at.clone())
+        self.slot
+            .and_then(|v| self.locs.get(&v))
+            .map(|l| l.at.clone())
     }
 }
 

@@ -15,8 +15,8 @@ use glmc_passes::fuse_mla_projections::FuseMlaProjections;
 use glmc_passes::select_attention::SelectAttention;
 use glmc_passes::{AttentionChoice, Pass, PassError, PassManager};
 use glmc_runtime::{
-    phase_inputs, prefill_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache, Tensor,
-    WeightSource,
+    phase_inputs, prefill_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache,
+    Tensor, WeightSource,
 };
 
 // ---------------------------------------------------------------------------------------------

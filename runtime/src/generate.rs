@@ -284,7 +284,8 @@ impl Executor for InterpExecutor<'_> {
                     scope.spawn(move || {
                         let f = rank.module.function(phase.name()).expect("checked above");
                         let mut caches = slot_caches(&mut rank.caches, phase, inputs);
-                        rank.interp.run(rank.module, f, weights, &mut caches, inputs)
+                        rank.interp
+                            .run(rank.module, f, weights, &mut caches, inputs)
                     })
                 })
                 .collect();
@@ -578,7 +579,12 @@ impl<'a> Generator<'a> {
     }
 }
 
-fn bad_result(function: &'static str, result: &'static str, got: String, expected: &str) -> GenerateError {
+fn bad_result(
+    function: &'static str,
+    result: &'static str,
+    got: String,
+    expected: &str,
+) -> GenerateError {
     GenerateError::BadResult {
         function,
         result,

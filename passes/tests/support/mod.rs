@@ -14,8 +14,8 @@ use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, AttentionChoice, PassError, PassManager, PipelineOptions, PIPELINE};
 use glmc_runtime::{
-    phase_inputs, prefill_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache, Tensor, TraceFn,
-    WeightSource,
+    phase_inputs, prefill_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache,
+    Tensor, TraceFn, WeightSource,
 };
 
 // ---------------------------------------------------------------------------------------------
