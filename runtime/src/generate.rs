@@ -108,7 +108,7 @@ pub fn prefill_inputs(
 
 /// The cache slot a `prefill` call's inputs name (their sixth, see [`prefill_inputs`]); 0 for a
 /// module without one.
-fn prefill_slot(inputs: &[Tensor]) -> usize {
+fn slot_of(inputs: &[Tensor]) -> usize {
     match inputs.get(5).map(Tensor::as_i64) {
         Some(Ok(&[s])) => usize::try_from(s).unwrap_or(0),
         _ => 0,
@@ -167,7 +167,7 @@ fn slot_caches<'c>(
     inputs: &[Tensor],
 ) -> Vec<&'c mut SequenceCache> {
     let n = match phase {
-        PhaseKind::Prefill => prefill_slot(inputs) + 1,
+        PhaseKind::Prefill => slot_of(inputs) + 1,
         PhaseKind::Decode => inputs.first().map_or(0, Tensor::numel),
     };
     if caches.len() < n {
