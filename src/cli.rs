@@ -217,14 +217,26 @@ pub struct RunArgs {
     /// any, are ignored): the same model on every device, of any size, without files.
     #[arg(long, value_name = "SEED", conflicts_with = "weights")]
     pub random_weights: Option<u64>,
-    /// The prompt as comma-separated token ids, e.g. 3,17,42.
-    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt", required_unless_present = "prompt")]
-    pub prompt_ids: Vec<u64>,
-    /// The prompt as text, tokenized with the checkpoint's tokenizer.json.
+    /// The prompt as comma-separated token ids, e.g. 3,17,42. Repeat the flag for a batch:
+    /// each prompt is a sequence of its own, and all are decoded together, one decode call per
+    /// step.
+    #[arg(long, value_name = "IDS", value_parser = parse_prompt_ids, conflicts_with = "prompt", required_unless_present = "prompt")]
+    pub prompt_ids: Vec<PromptIds>,
+    /// The prompt as text, tokenized with the checkpoint's tokenizer.json. Repeat the flag for a
+    /// batch, as with --prompt-ids.
     #[arg(long)]
-    pub prompt: Option<String>,
+    pub prompt: Vec<String>,
     #[arg(long, default_value_t = 16)]
     pub max_new_tokens: usize,
+    /// Most sequences decoded together, the cache slots (default: the number of prompts). A
+    /// model is compiled for it; an artifact must have been compiled for at least this many.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_batch: Option<u64>,
+    /// Tokens of context each sequence's caches hold (default: the longest prompt plus
+    /// --max-new-tokens). A model is compiled for it; an artifact must have been compiled for at
+    /// least this many.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_context: Option<u64>,
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: DeviceArg,
     /// With --device cuda: the CUDA compiler (default: $GLMC_NVCC, else nvcc on PATH).
@@ -257,6 +269,23 @@ pub struct RunArgs {
     pub check_finite: bool,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
+}
+
+/// One prompt of `--prompt-ids`: its token ids.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptIds(pub Vec<u64>);
+
+fn parse_prompt_ids(text: &str) -> Result<PromptIds, String> {
+    text.split(',')
+        .map(|id| {
+            id.trim().parse::<u64>().map_err(|e| {
+                format!(
+                    "`{id}` is not a token id ({e}): give comma-separated integers, e.g. 3,17,42"
+                )
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(PromptIds)
 }
 
 #[derive(Args)]

@@ -1,10 +1,12 @@
 //! `glmc run`: prefill a prompt, then decode one token at a time through the `decode` graph and
 //! the caches, on the CPU reference interpreter or on the GPU, each next token taken from the
-//! graph's `next_token` (greedy at temperature 0). With `--tp N` the N ranks' graphs run
-//! together, their collectives simulated between threads; `--trace` records every rank, its
-//! entries tagged with the rank, so `compare-trace` lines each rank up with a TP=1 trace. On
-//! the GPU, `run` compiles the model for the GPU present (nvcc's output cached by content hash,
-//! so a second run does not call it), or runs an artifact directory of `glmc compile` as it is.
+//! graph's `next_token` (greedy at temperature 0). Several prompts are a batch: each is
+//! prefilled into a cache slot of its own, then every step decodes all unfinished sequences in
+//! one call. With `--tp N` the N ranks' graphs run together, their collectives simulated between
+//! threads; `--trace` records every rank, its entries tagged with the rank, so `compare-trace`
+//! lines each rank up with a TP=1 trace. On the GPU, `run` compiles the model for the GPU
+//! present (nvcc's output cached by content hash, so a second run does not call it), or runs an
+//! artifact directory of `glmc compile` as it is.
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +19,7 @@ use glmc_passes::AttentionChoice;
 use glmc_runtime::cuda::{random_fill, CudaExecutor, Gpu};
 use glmc_runtime::trace::{check_finite, Fault, TraceHeader, TraceLayout, TraceWriter};
 use glmc_runtime::{
-    generate, Checkpoint, Generator, InterpExecutor, RandomWeights, Sampling, WeightSource,
+    generate_batch, Checkpoint, Generator, InterpExecutor, RandomWeights, Sampling, WeightSource,
 };
 use tokenizers::Tokenizer;
 
@@ -53,23 +55,27 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             (Weights::Checkpoint(checkpoint), Some(dir))
         }
     };
-    let (tokenizer, prompt) = prompt(args, dir.as_deref())?;
-    warn_if_dense_changes_outputs(&built, prompt.len() + args.max_new_tokens);
+    let (tokenizer, prompts) = prompts(args, dir.as_deref())?;
+    let batch = Batch::of(args, &prompts)?;
+    let limits = batch.limits(args);
+    batch.fits(args.max_batch, args.max_context, &limits)?;
+    warn_if_dense_changes_outputs(&built, batch.context as usize - 1);
     let eos = eos_ids(&built.config, dir.as_deref())?;
     let ranks = glmc_passes::partition(&built.module, args.tp)?;
     let layout = trace_layout(args, &built.module)?;
     let fault = Fault::from_env();
     let mut generator = match args.device {
         DeviceArg::Cpu => {
-            let exec = InterpExecutor::tensor_parallel(&ranks, weights.source()).with_fault(fault);
+            let exec = InterpExecutor::tensor_parallel(&ranks, weights.source())
+                .with_max_context(limits.max_context as usize)
+                .with_fault(fault);
             Generator::with_executor(Box::new(exec))?
         }
         DeviceArg::Cuda => {
             if args.tp > 1 {
                 bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N");
             }
-            let context = prompt.len() + args.max_new_tokens + 1;
-            let mut exec = cuda_executor(&built, &weights, prompt.len(), context, args)?;
+            let mut exec = cuda_executor(&built, &weights, limits, args)?;
             if observes(args) {
                 exec.observe(&built.module)?;
             }
@@ -80,7 +86,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     generate_and_print(
         args,
         &mut generator,
-        &prompt,
+        &prompts,
         &eos,
         tokenizer.as_ref(),
         traced,
@@ -160,22 +166,33 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
             cubin_path.display()
         )
     })?;
-    let (tokenizer, prompt) = prompt(args, args.weights.as_deref())?;
+    let (tokenizer, prompts) = prompts(args, args.weights.as_deref())?;
     let limits = &manifest.limits;
-    if prompt.len() as u64 > limits.max_prefill_tokens {
+    for (flag, asked, compiled, what) in [
+        ("--max-batch", args.max_batch, limits.max_batch, "sequences"),
+        (
+            "--max-context",
+            args.max_context,
+            limits.max_context,
+            "tokens of context",
+        ),
+    ] {
+        if let Some(asked) = asked.filter(|&a| a > compiled) {
+            bail!(
+                "{flag} {asked} is more than the {compiled} {what} the artifact {} was compiled for: lower {flag}, or recompile with glmc compile {flag} {asked}",
+                dir.display()
+            );
+        }
+    }
+    let batch = Batch::of(args, &prompts)?;
+    if batch.longest > limits.max_prefill_tokens {
         bail!(
             "the prompt has {} tokens, the artifact was compiled for prefills of at most {}: recompile with a larger --max-prefill-tokens",
-            prompt.len(),
+            batch.longest,
             limits.max_prefill_tokens
         );
     }
-    let context = (prompt.len() + args.max_new_tokens + 1) as u64;
-    if context > limits.max_context {
-        bail!(
-            "the prompt and --max-new-tokens reach {context} tokens, the artifact was compiled for {} tokens of context: recompile with a larger --max-context, or generate fewer tokens",
-            limits.max_context
-        );
-    }
+    batch.fits(args.max_batch, args.max_context, limits)?;
     let greedy_build = manifest
         .phases
         .iter()
@@ -223,7 +240,7 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
     generate_and_print(
         args,
         &mut generator,
-        &prompt,
+        &prompts,
         &eos,
         tokenizer.as_ref(),
         traced,
@@ -248,11 +265,14 @@ fn observes(args: &RunArgs) -> bool {
     args.trace.is_some() || args.check_finite
 }
 
-/// The tokenizer, when the prompt is text, and the prompt's token ids.
-fn prompt(args: &RunArgs, dir: Option<&Path>) -> anyhow::Result<(Option<Tokenizer>, Vec<u64>)> {
-    let Some(text) = &args.prompt else {
-        return Ok((None, args.prompt_ids.clone()));
-    };
+/// The tokenizer, when the prompts are text, and each prompt's token ids.
+type Prompts = (Option<Tokenizer>, Vec<Vec<u64>>);
+
+fn prompts(args: &RunArgs, dir: Option<&Path>) -> anyhow::Result<Prompts> {
+    if args.prompt.is_empty() {
+        let ids = args.prompt_ids.iter().map(|p| p.0.clone()).collect();
+        return Ok((None, ids));
+    }
     let Some(dir) = dir else {
         bail!(
             "--prompt TEXT needs the tokenizer.json of a checkpoint directory, and {} is not one: give token ids with --prompt-ids, or the checkpoint with --weights",
@@ -260,20 +280,93 @@ fn prompt(args: &RunArgs, dir: Option<&Path>) -> anyhow::Result<(Option<Tokenize
         );
     };
     let tok = load_tokenizer(dir)?;
-    let enc = tok
-        .encode(text.as_str(), true)
-        .map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
-    let ids = enc.get_ids().iter().map(|&i| i as u64).collect();
-    Ok((Some(tok), ids))
+    let mut prompts = Vec::with_capacity(args.prompt.len());
+    for text in &args.prompt {
+        let enc = tok
+            .encode(text.as_str(), true)
+            .map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
+        prompts.push(enc.get_ids().iter().map(|&i| i as u64).collect());
+    }
+    Ok((Some(tok), prompts))
 }
 
-/// Prefills the prompt, generates, and writes what `args` asks for: the trace (also when a
+/// What a run's prompts need of the caches.
+struct Batch {
+    sequences: u64,
+    /// Tokens of the longest prompt: the largest prefill.
+    longest: u64,
+    /// Tokens of context the longest sequence reaches, with one to spare.
+    context: u64,
+}
+
+impl Batch {
+    fn of(args: &RunArgs, prompts: &[Vec<u64>]) -> anyhow::Result<Batch> {
+        if prompts.len() > 1 && (args.dump_logits.is_some() || args.trace.is_some()) {
+            bail!(
+                "--dump-logits and --trace record one sequence, and {} prompts were given: give one --prompt-ids or --prompt",
+                prompts.len()
+            );
+        }
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        Ok(Batch {
+            sequences: prompts.len() as u64,
+            longest: longest as u64,
+            context: (longest + args.max_new_tokens + 1) as u64,
+        })
+    }
+
+    /// Refuses a batch of more sequences than `max_batch` or a context past `max_context`,
+    /// each the run's flag when given, else the artifact's limit when `artifact` (a model is
+    /// sized for the run).
+    fn fits(
+        &self,
+        max_batch: Option<u64>,
+        max_context: Option<u64>,
+        artifact: &glmc_codegen::Limits,
+    ) -> anyhow::Result<()> {
+        let n = self.sequences;
+        match max_batch {
+            Some(b) if n > b => bail!(
+                "{n} prompts were given, more than --max-batch {b}: raise --max-batch, or give fewer prompts"
+            ),
+            None if n > artifact.max_batch => bail!(
+                "{n} prompts were given, the artifact was compiled for {} sequences: recompile with a larger --max-batch, or give fewer prompts",
+                artifact.max_batch
+            ),
+            _ => {}
+        }
+        let c = self.context;
+        match max_context {
+            Some(t) if c > t => bail!(
+                "the prompt and --max-new-tokens reach {c} tokens, more than --max-context {t}: raise --max-context, or generate fewer tokens"
+            ),
+            None if c > artifact.max_context => bail!(
+                "the prompt and --max-new-tokens reach {c} tokens, the artifact was compiled for {} tokens of context: recompile with a larger --max-context, or generate fewer tokens",
+                artifact.max_context
+            ),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The limits a model is compiled or run for: the flags, else what the prompts need.
+    fn limits(&self, args: &RunArgs) -> glmc_codegen::Limits {
+        glmc_codegen::Limits {
+            max_prefill_tokens: self.longest,
+            max_batch: args.max_batch.unwrap_or(self.sequences),
+            max_context: args.max_context.unwrap_or(self.context),
+        }
+    }
+}
+
+/// Prefills the prompts, generates, and writes what `args` asks for: the trace (also when a
 /// node stops the run, so it shows what led there; `traced` is the model's name and what the
-/// trace records of split values), the logits and the output.
+/// trace records of split values), the logits and the output, one line per sequence (prefixed
+/// with its index when there are several).
 fn generate_and_print(
     args: &RunArgs,
     generator: &mut Generator,
-    prompt: &[u64],
+    prompts: &[Vec<u64>],
     eos: &[u64],
     tokenizer: Option<&Tokenizer>,
     traced: (&str, TraceLayout),
@@ -285,9 +378,10 @@ fn generate_and_print(
     };
     sampling.validate()?;
     let (model, layout) = traced;
+    // --trace records one sequence (`Batch::of` refuses more).
     let header = TraceHeader {
         model: model.to_string(),
-        prompt: prompt.to_vec(),
+        prompt: prompts.first().cloned().unwrap_or_default(),
         tp: args.tp,
     };
     let mut trace = args
@@ -305,9 +399,9 @@ fn generate_and_print(
         }
         Ok(())
     };
-    let generation = generate(
+    let generations = generate_batch(
         generator,
-        prompt,
+        prompts,
         args.max_new_tokens,
         &sampling,
         eos,
@@ -316,23 +410,29 @@ fn generate_and_print(
     if let Some(t) = trace {
         t.finish()?;
     }
-    let generation = generation?;
-    if let Some(path) = &args.dump_logits {
+    let generations = generations?;
+    if let (Some(path), [generation]) = (&args.dump_logits, &generations[..]) {
         generation
             .write_safetensors(path)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    match tokenizer {
-        Some(tok) => {
-            let ids: Vec<u32> = generation.generated.iter().map(|&i| i as u32).collect();
-            let text = tok
-                .decode(&ids, true)
-                .map_err(|e| anyhow::anyhow!("decoding the output: {e}"))?;
+    let several = generations.len() > 1;
+    for (i, generation) in generations.iter().enumerate() {
+        let text = match tokenizer {
+            Some(tok) => {
+                let ids: Vec<u32> = generation.generated.iter().map(|&i| i as u32).collect();
+                tok.decode(&ids, true)
+                    .map_err(|e| anyhow::anyhow!("decoding the output: {e}"))?
+            }
+            None => {
+                let ids: Vec<String> = generation.generated.iter().map(u64::to_string).collect();
+                ids.join(" ")
+            }
+        };
+        if several {
+            println!("[{i}] {text}");
+        } else {
             println!("{text}");
-        }
-        None => {
-            let ids: Vec<String> = generation.generated.iter().map(u64::to_string).collect();
-            println!("{}", ids.join(" "));
         }
     }
     Ok(())
@@ -353,13 +453,13 @@ impl Weights {
     }
 }
 
-/// Compiles the built model for the GPU present, sized for this run (one sequence, the prompt in
-/// one prefill, `context` tokens), and loads it with its weights.
+/// Compiles the built model for the GPU present, sized for this run (`limits`: each prompt in
+/// one prefill, the batch and context of `--max-batch` and `--max-context`), and loads it with
+/// its weights.
 fn cuda_executor(
     built: &Built,
     weights: &Weights,
-    prompt: usize,
-    context: usize,
+    limits: Limits,
     args: &RunArgs,
 ) -> anyhow::Result<CudaExecutor> {
     let (major, minor) = Gpu::open(0)?.compute_capability()?;
@@ -369,16 +469,12 @@ fn cuda_executor(
         );
     };
     let positions = built.config.max_position_embeddings;
-    if context as u64 > positions {
+    if limits.max_context > positions {
         bail!(
-            "the prompt and --max-new-tokens reach {context} tokens, past the model's {positions} positions"
+            "the run needs {} tokens of context (--max-context, or the prompt and --max-new-tokens), past the model's {positions} positions",
+            limits.max_context
         );
     }
-    let limits = Limits {
-        max_prefill_tokens: prompt as u64,
-        max_batch: 1,
-        max_context: context as u64,
-    };
     let compiled = glmc_runtime::cuda::compile(
         &built.module,
         &built.config,

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use glmc_ir::Module;
 use glmc_runtime::trace::{read_trace, TraceEntry};
-use glmc_runtime::{generate, Checkpoint, Generator, Sampling};
+use glmc_runtime::{generate, generate_batch, Checkpoint, Generation, Generator, Sampling};
 
 /// How closely two glmc paths over the same tokens (one prefill, prefill + decode steps, two
 /// chunks) must agree: they differ only in f32 rounding order.
@@ -369,6 +369,125 @@ fn cuda_prefill_decode_and_chunked_prefill_agree() {
     check_consistency("library (cuda)", |o, module, weights| {
         common_oracle::cuda_generator(&o.dir, module, weights, o.t() as u64, o.t() as u64 + 1)
     });
+}
+
+/// A batch of sequences of different lengths, prefilled into cache slots of their own and
+/// decoded together (one decode call per step, each row at its own position, one sequence
+/// stopping early on an EOS id while a higher slot decodes on), gives each sequence what it gets
+/// alone.
+#[test]
+fn a_batch_decodes_each_sequence_as_alone() {
+    check_batch_consistency("library (interpreter)", |_, module, weights, _| {
+        Generator::new(module, weights).expect("a generator")
+    });
+}
+
+/// The same on the GPU: prefills into slots other than 0 and decode rows over several slots.
+#[test]
+#[ignore = "gpu"]
+fn cuda_a_batch_decodes_each_sequence_as_alone() {
+    check_batch_consistency("library (cuda)", |o, module, weights, batch| {
+        common_oracle::cuda_batch_generator(
+            &o.dir,
+            module,
+            weights,
+            o.t() as u64,
+            o.t() as u64 + BATCH_NEW as u64 + 1,
+            batch,
+        )
+    });
+}
+
+/// Tokens each sequence of the batch test generates at most.
+const BATCH_NEW: usize = 4;
+
+/// On every fixture: prompts of three lengths, generated as a batch through a generator `make`
+/// gives (with caches for the batch) and each alone through a fresh one. The middle sequence
+/// stops early: the EOS list is one of its generated tokens (after the first) that the last
+/// sequence never makes, so it sits idle below the last slot. Each sequence's logits rows must match its batch of one to [`SELF_TOL`] (the measure
+/// of [`check_consistency`]) up to the first generated token that differs, and on the
+/// interpreter no token may differ.
+fn check_batch_consistency(
+    what: &str,
+    make: impl for<'m> Fn(&Oracle, &'m Module, &'m Checkpoint, u64) -> Generator<'m>,
+) {
+    let mut table = Vec::new();
+    for o in Oracle::all() {
+        let module = default_module(&o.dir);
+        let weights = common_oracle::checkpoint(&o.dir);
+        let t = o.t();
+        let prompts = vec![
+            o.tokens.clone(),
+            o.tokens[t / 2..].to_vec(),
+            o.prompt.clone(),
+        ];
+        let alone = |eos: &[u64]| -> Vec<Generation> {
+            prompts
+                .iter()
+                .map(|p| {
+                    let mut g = make(&o, &module, &weights, 1);
+                    generate(&mut g, p, BATCH_NEW, &greedy(), eos, &mut no_trace())
+                        .expect("generate")
+                })
+                .collect()
+        };
+        // The middle sequence's first token after its first that the last never makes.
+        let free = alone(&[]);
+        let eos = free[1].generated[1..]
+            .iter()
+            .find(|id| !free[2].generated.contains(id))
+            .map(|&id| vec![id])
+            .unwrap_or_else(|| panic!("{}: no token stops the middle sequence alone", o.case));
+        let singles = alone(&eos);
+        let mut g = make(&o, &module, &weights, prompts.len() as u64);
+        let batch = generate_batch(
+            &mut g,
+            &prompts,
+            BATCH_NEW,
+            &greedy(),
+            &eos,
+            &mut no_trace(),
+        )
+        .expect("generate_batch");
+        assert!(
+            singles[1].generated.len() < singles[2].generated.len(),
+            "{}: the middle sequence stops before the last ({:?}, {:?})",
+            o.case,
+            singles[1].generated,
+            singles[2].generated
+        );
+        let mut line = format!("  {:<17}", o.case);
+        for (i, (b, s)) in batch.iter().zip(&singles).enumerate() {
+            // Rows after a differing token are of different sequences.
+            let same = b
+                .tokens
+                .iter()
+                .zip(&s.tokens)
+                .take_while(|(x, y)| x == y)
+                .count();
+            if what.contains("interpreter") {
+                assert_eq!(b.tokens, s.tokens, "{} sequence {i}: tokens", o.case);
+            }
+            let rows = same.saturating_sub(b.logits_from).min(b.logits.len());
+            let e = row_errors(
+                &Logits::from_rows(&b.logits),
+                &Logits::from_rows(&s.logits),
+                rows,
+            );
+            line += &format!(
+                "  seq {i} ({}+{} tokens) {}",
+                prompts[i].len(),
+                b.generated.len(),
+                e.summary()
+            );
+            assert_close(&format!("{} sequence {i} of t={t}", o.case), &e, SELF_TOL);
+        }
+        table.push(line);
+    }
+    println!(
+        "{what} batch vs alone (relative error per row):\n{}",
+        table.join("\n")
+    );
 }
 
 /// One prefill of the fixture's tokens, prefill + greedy decode steps, and two prefill chunks

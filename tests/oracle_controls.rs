@@ -481,7 +481,7 @@ fn a_patch_of_the_wrong_shape_is_an_error() {
     let ids: Vec<i64> = o.prompt.iter().map(|&t| t as i64).collect();
     let positions: Vec<i64> = (0..n as i64).collect();
     let inputs =
-        glmc_runtime::phase_inputs(&ids, &positions, &glmc_runtime::Sampling::default(), 0, 1);
+        glmc_runtime::prefill_inputs(&ids, &positions, &glmc_runtime::Sampling::default(), 0, 0);
     let mut cache = glmc_runtime::SequenceCache::new();
     let err = glmc_runtime::Interpreter::new()
         .run_patched(

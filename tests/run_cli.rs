@@ -446,3 +446,150 @@ fn an_artifact_directory_is_refused_with_the_fix() {
         "{err}"
     );
 }
+
+/// Several prompts are one batch: each line of output is its sequence's, as alone.
+#[test]
+fn several_prompts_decode_together_each_as_alone() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    let prompts = ["5,9,200,17,3,3,41", "12,7", "99,3,4,5"];
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            stdout(&glmc(&[
+                "run",
+                m,
+                "--prompt-ids",
+                p,
+                "--max-new-tokens",
+                "5",
+            ]))
+        })
+        .collect();
+    let mut args = vec!["run", m, "--max-new-tokens", "5", "--max-batch", "4"];
+    for p in &prompts {
+        args.extend(["--prompt-ids", p]);
+    }
+    let together = stdout(&glmc(&args));
+    let want: Vec<String> = alone
+        .iter()
+        .enumerate()
+        .map(|(i, out)| format!("[{i}] {out}"))
+        .collect();
+    assert_eq!(together, want.join("\n"));
+}
+
+/// `--max-batch` and `--max-context` refuse what they cannot hold, naming the flag and the fix.
+#[test]
+fn batch_and_context_limits_are_user_errors() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    let err = failure(&glmc(&[
+        "run",
+        m,
+        "--prompt-ids",
+        "3,4",
+        "--prompt-ids",
+        "5",
+        "--max-batch",
+        "1",
+    ]));
+    assert!(
+        err.contains("2 prompts were given, more than --max-batch 1: raise --max-batch"),
+        "{err}"
+    );
+    let err = failure(&glmc(&[
+        "run",
+        m,
+        "--prompt-ids",
+        "3,4",
+        "--max-new-tokens",
+        "8",
+        "--max-context",
+        "6",
+    ]));
+    assert!(
+        err.contains("reach 11 tokens, more than --max-context 6: raise --max-context"),
+        "{err}"
+    );
+    let err = failure(&glmc(&[
+        "run",
+        m,
+        "--prompt-ids",
+        "3,4",
+        "--max-batch",
+        "0",
+    ]));
+    assert!(err.contains("--max-batch"), "{err}");
+    let err = failure(&glmc(&["run", m, "--prompt-ids", "3,x"]));
+    assert!(
+        err.contains("--prompt-ids") && err.contains("`x` is not a token id"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let logits = dir.path().join("l.safetensors");
+    let err = failure(&glmc(&[
+        "run",
+        m,
+        "--prompt-ids",
+        "3,4",
+        "--prompt-ids",
+        "5",
+        "--dump-logits",
+        logits.to_str().unwrap(),
+    ]));
+    assert!(
+        err.contains("--dump-logits and --trace record one sequence") && err.contains("give one"),
+        "{err}"
+    );
+}
+
+/// An artifact serves at most the batch and context it was compiled for (1 and 16 here).
+#[test]
+fn an_artifacts_batch_and_context_are_its_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = artifact_without_cubin(dir.path());
+    // A stand-in cubin: the limits are checked before the GPU.
+    let manifest = artifact.join("manifest.ron");
+    let text = fs::read_to_string(&manifest).unwrap();
+    fs::write(
+        &manifest,
+        text.replace("cubin: None", "cubin: Some(\"kernels.sm90a.cubin\")"),
+    )
+    .unwrap();
+    fs::write(artifact.join("kernels.sm90a.cubin"), b"not a cubin").unwrap();
+    let weights = fixture();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            artifact.to_str().unwrap(),
+            "--device",
+            "cuda",
+            "--weights",
+            weights.to_str().unwrap(),
+            "--prompt-ids",
+            "3,17",
+            "--max-new-tokens",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        failure(&glmc(&args))
+    };
+    let err = run(&["--max-batch", "2"]);
+    assert!(
+        err.contains("--max-batch 2 is more than the 1 sequences the artifact")
+            && err.contains("recompile with glmc compile --max-batch 2"),
+        "{err}"
+    );
+    let err = run(&["--max-context", "17"]);
+    assert!(
+        err.contains("--max-context 17 is more than the 16 tokens of context the artifact")
+            && err.contains("lower --max-context"),
+        "{err}"
+    );
+    let err = run(&["--prompt-ids", "5"]);
+    assert!(
+        err.contains("2 prompts were given, the artifact was compiled for 1 sequences: recompile with a larger --max-batch"),
+        "{err}"
+    );
+}

@@ -10,7 +10,8 @@ use crate::nvcc::KernelUsage;
 use crate::schedule::{Kernel, Phase};
 
 /// Bumped whenever the manifest's meaning changes; the runtime refuses other versions (3: a
-/// guard is a row range, `above < rows ≤ at_most`, and a node may have a launch sequence).
+/// guard is a row range, `above < rows ≤ at_most`, a node may have a launch sequence, and
+/// prefill takes the cache slot it fills).
 pub const MANIFEST_VERSION: u32 = 3;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -75,6 +75,10 @@ pub struct NodeCtx<'a> {
     pub outputs: &'a [TensorRef],
     /// Cache capacity in tokens per sequence.
     pub max_context: u64,
+    /// A prefill's `slot` input, where its `cache.update`s name one: the cache slot whose
+    /// caches the node's cache operands are, read on the device so that a launch does not
+    /// depend on it.
+    pub slot: Option<TensorRef>,
     /// The largest sizes of the phase's symbols (the artifact's limits).
     pub limits: &'a Bindings,
     /// The [`Source`] of each pointer argument made so far, in order.
@@ -147,6 +151,34 @@ impl NodeCtx<'_> {
             name: name.to_string(),
             value: ArgValue::Ptr(r.clone()),
         }
+    }
+}
+
+impl NodeCtx<'_> {
+    /// With a prefill's cache slot: marks the kernel `slotted` and appends to `args` the slot
+    /// and, per tensor of `tensors` (by argument name), how far apart its slots lie, which the
+    /// kernel adds to the tensor's base (see [`slot_stride`]).
+    fn slotted(&self, b: Builder, args: &mut Vec<Arg>, tensors: &[(&str, &TensorRef)]) -> Builder {
+        let Some(slot) = &self.slot else {
+            return b;
+        };
+        args.push(self.ptr("cache_slot", slot));
+        for (name, r) in tensors {
+            args.push(int(
+                &format!("{name}_slot"),
+                slot_stride(r, self.max_context),
+            ));
+        }
+        b.param("slotted", true)
+    }
+}
+
+/// Elements between two cache slots of `r`: a cache state's `[t, ..]` view lies in a
+/// `[max_batch, max_context, ..]` allocation; anything else (the arena) is one for all slots.
+pub fn slot_stride(r: &TensorRef, max_context: u64) -> Poly {
+    match (&r.buf, r.strides.first()) {
+        (crate::layout::Buf::State(_), Some(key)) => key.scale(max_context as i64),
+        _ => Poly::zero(),
     }
 }
 
@@ -576,7 +608,7 @@ fn cache_update(cx: &NodeCtx, batched: bool) -> Result<Lowering, String> {
         .param("batched", batched)
         .dtype("c_t", cache.dtype)?
         .dtype("x_t", x.dtype)?;
-    let seq_stride = if batched {
+    let seq_stride = if batched || cx.slot.is_some() {
         Poly::constant((cx.max_context * cols) as i64)
     } else {
         Poly::zero()
@@ -586,7 +618,7 @@ fn cache_update(cx: &NodeCtx, batched: bool) -> Result<Lowering, String> {
         strides: Vec::new(),
         ..cache.clone()
     };
-    let args = vec![
+    let mut args = vec![
         cx.ptr("cache", &base),
         int("seq_stride", seq_stride),
         int("capacity", Poly::constant(cx.max_context as i64)),
@@ -595,6 +627,13 @@ fn cache_update(cx: &NodeCtx, batched: bool) -> Result<Lowering, String> {
         cx.ptr("positions", positions),
         int("rows", x_rows.rows.clone()),
     ];
+    let k = match (&cx.slot, batched) {
+        (Some(slot), false) => {
+            args.push(cx.ptr("cache_slot", slot));
+            k.param("slotted", true)
+        }
+        _ => k,
+    };
     Ok(k.launch(
         GridDim {
             work: x_rows.rows.scale((cols / vec) as i64),
@@ -604,8 +643,14 @@ fn cache_update(cx: &NodeCtx, batched: bool) -> Result<Lowering, String> {
     ))
 }
 
-/// A copy of `src` into `dst` (same shape and dtype, any strides, rank ≤ 4).
-pub fn copy(dst: &TensorRef, src: &TensorRef) -> Result<Planned, String> {
+/// A copy of `src` into `dst` (same shape and dtype, any strides, rank ≤ 4); with `slot` (a
+/// prefill's `slot` input, and how many elements apart the slots of `src` lie), the copy reads
+/// `src` in that cache slot.
+pub fn copy(
+    dst: &TensorRef,
+    src: &TensorRef,
+    slot: Option<(&TensorRef, Poly)>,
+) -> Result<Planned, String> {
     let rank = src.shape.len();
     if rank > 4 {
         return Err(format!("a copy of rank {rank} (at most 4)"));
@@ -620,16 +665,17 @@ pub fn copy(dst: &TensorRef, src: &TensorRef) -> Result<Planned, String> {
             .collect()
     };
     let (ys, xs) = (stride(dst), stride(src));
-    let Lowering::Launch(mut planned) = Builder::new("copy", ELEMENTWISE_THREADS)
-        .dtype("t", src.dtype)?
-        .launch(
-            GridDim {
-                work: src.numel(),
-                per_block: ELEMENTWISE_THREADS as u64,
-            },
-            Vec::new(),
-        )
-    else {
+    let mut b = Builder::new("copy", ELEMENTWISE_THREADS).dtype("t", src.dtype)?;
+    if slot.is_some() {
+        b = b.param("slotted", true);
+    }
+    let Lowering::Launch(mut planned) = b.launch(
+        GridDim {
+            work: src.numel(),
+            per_block: ELEMENTWISE_THREADS as u64,
+        },
+        Vec::new(),
+    ) else {
         unreachable!("Builder::launch makes a launch")
     };
     let mut args = vec![ptr("y", dst)];
@@ -649,6 +695,10 @@ pub fn copy(dst: &TensorRef, src: &TensorRef) -> Result<Planned, String> {
             .enumerate()
             .map(|(i, d)| int(&format!("n{i}"), d.clone())),
     );
+    if let Some((slot, stride)) = slot {
+        args.push(ptr("cache_slot", slot));
+        args.push(int("x_slot", stride));
+    }
     planned.args = args;
     Ok(planned)
 }
@@ -1235,6 +1285,7 @@ fn attention(
     let rows = out.shape[0].clone();
     args.push(int("rows", rows.clone()));
     args.push(float("scale", scale));
+    let b = cx.slotted(b, &mut args, &[("k1", k1), ("k2", k2), ("v", v)]);
     let mut planned = b
         .shared(shared as u32, false)
         .planned(GridDim::one_block_each(rows.scale(heads as i64)), args);
@@ -1440,6 +1491,7 @@ fn mla_absorbed(
             int("splits", Poly::constant(tier.splits as i64)),
             float("scale_log2", scale * std::f64::consts::LOG2_E),
         ]);
+        let b = cx.slotted(b, &mut args, &[("k1", k1), ("k2", k2)]);
         let grid = GridDim::one_block_each(rows.scale((groups * tier.splits) as i64));
         let mut planned = b.planned(grid, args);
         planned.when = when.clone();
@@ -1482,9 +1534,10 @@ pub(super) struct ScoreOperands<'a> {
 }
 
 impl ScoreOperands<'_> {
-    /// The pointer and stride arguments both kernels take, in their order.
-    fn args(&self, cx: &NodeCtx) -> Vec<Arg> {
-        vec![
+    /// The pointer and stride arguments both kernels take, in their order, and `b` marked for
+    /// a prefill's cache slot.
+    fn args(&self, cx: &NodeCtx, b: Builder) -> (Builder, Vec<Arg>) {
+        let mut args = vec![
             cx.ptr("out", self.out),
             int("out_row", self.out_row.clone()),
             cx.ptr("q", self.q),
@@ -1498,7 +1551,9 @@ impl ScoreOperands<'_> {
             cx.ptr("positions", self.positions),
             int("rows", self.rows.clone()),
             int("keys", self.keys.clone()),
-        ]
+        ];
+        let b = cx.slotted(b, &mut args, &[("k", self.k)]);
+        (b, args)
     }
 }
 
@@ -1565,7 +1620,7 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
         .dtype("w_t", o.w.dtype)?
         .dtype("k_t", o.k.dtype)?
         .shared(shared as u32, false);
-    let args = o.args(cx);
+    let (b, args) = o.args(cx, b);
     let mut planned = b.planned(
         GridDim {
             work: o

@@ -171,6 +171,8 @@ struct State<'a> {
     /// Operands written straight into a concat: the concat's value and the operand's part.
     folded: HashMap<Value, (Value, usize)>,
     steps: Vec<PendingStep>,
+    /// The `slot` operand of the function's `cache.update`s (a prefill's cache slot).
+    slot: Option<Value>,
 }
 
 enum PendingStep {
@@ -272,16 +274,35 @@ impl<'a> State<'a> {
     }
 
     fn copy(&mut self, n: NodeIndex, dst: &Loc, src: &Loc) -> Result<(), LowerError> {
-        let planned = kernels::copy(&dst.at, &src.at).map_err(|why| self.error(n, why))?;
+        // A cache state read in a prefill is the cache slot's, which only the device knows.
+        let slot = match (&src.at.buf, self.slot()) {
+            (Buf::State(_), Some(slot)) => Some(slot),
+            _ => None,
+        };
+        let stride = kernels::slot_stride(&src.at, self.limits.max_context);
+        let planned = kernels::copy(&dst.at, &src.at, slot.as_ref().map(|s| (s, stride)))
+            .map_err(|why| self.error(n, why))?;
+        let mut buffers = vec![dst.buffer, src.buffer];
+        if slot.is_some() {
+            buffers.push(None);
+        }
         let node = self.f.node(n);
         self.steps.push(PendingStep::Launch {
             node: node.name.clone(),
             op: "copy".into(),
             planned,
-            buffers: vec![dst.buffer, src.buffer],
+            buffers,
             outputs: vec![dst.clone()],
         });
         Ok(())
+    }
+
+    /// Where the function's cache slot is (the `slot` operand of its `cache.update`s), if they
+    /// name one.
+    fn slot(&self) -> Option<TensorRef> {
+        self.slot
+            .and_then(|v| self.locs.get(&v))
+            .map(|l| l.at.clone())
     }
 }
 
@@ -355,6 +376,10 @@ pub fn lower_function(
         buffers: Vec::new(),
         folded: foldable_concat_parts(f),
         steps: Vec::new(),
+        slot: order.iter().find_map(|&n| match f.node(n).op {
+            Op::CacheUpdate { .. } => f.operands(n).get(2).copied(),
+            _ => None,
+        }),
     };
     for (step, &n) in order.iter().enumerate() {
         lower_node(&mut st, n, step)?;
@@ -586,6 +611,25 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
             view(st, whole);
         }
         _ => {
+            // Only these kernels read a cache in the prefill's slot; any other op is given the
+            // slot's rows copied into the arena.
+            let reads_slot = matches!(
+                node.op,
+                Op::CacheUpdate { .. }
+                    | Op::MlaAttend { .. }
+                    | Op::MlaAttendAbsorbed { .. }
+                    | Op::DsaScore {}
+            );
+            let mut operand_locs = operand_locs;
+            if !reads_slot && st.slot.is_some() {
+                for (k, l) in operand_locs.iter_mut().enumerate() {
+                    if matches!(l.at.buf, Buf::State(_)) {
+                        let rows = st.fresh(operands[k], step)?;
+                        st.copy(n, &rows, l)?;
+                        *l = rows;
+                    }
+                }
+            }
             let outputs: Vec<Loc> = match &node.op {
                 Op::CacheUpdate { state, batched } => {
                     vec![cache_view(f, n, state, *batched, st.limits.max_context)]
@@ -618,6 +662,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 operands: &operand_refs,
                 outputs: &output_refs,
                 max_context: st.limits.max_context,
+                slot: st.slot(),
                 limits: &st.bindings,
                 sources: Default::default(),
                 scratch: Default::default(),

@@ -19,8 +19,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) {{ name }}(
 {%- if sparse %}
     const i64* __restrict__ topk, i64 topk_row,
 {%- endif %}
-    i64 rows, float scale)
+    i64 rows, float scale{%- if slotted %},
+    const i64* __restrict__ cache_slot, i64 k1_slot, i64 k2_slot, i64 v_slot{%- endif %})
 {
+{%- if slotted %}
+    // A prefill's caches are those of slot cache_slot[0]: each cache starts that many slots in
+    // (0 apart for one held in the arena).
+    k1 += cache_slot[0] * k1_slot;
+    k2 += cache_slot[0] * k2_slot;
+    v += cache_slot[0] * v_slot;
+{%- endif %}
     constexpr int D1 = {{ d1 }}, D2 = {{ d2 }}, DV = {{ dv }}, HEADS = {{ heads }};
     constexpr int THREADS = 128, WARPS = THREADS / 32, ITEMS = {{ items }};
     __shared__ float qs[D1 + D2];

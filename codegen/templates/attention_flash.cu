@@ -47,8 +47,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) {{ name }}(
     const bf16* __restrict__ k1, i64 k1_key, i64 k1_head,
     const bf16* __restrict__ k2, i64 k2_key,
     const bf16* __restrict__ v, i64 v_key, i64 v_head,
-    const i64* __restrict__ positions, i64 rows, float scale)
+    const i64* __restrict__ positions, i64 rows, float scale{%- if slotted %},
+    const i64* __restrict__ cache_slot, i64 k1_slot, i64 k2_slot, i64 v_slot{%- endif %})
 {
+{%- if slotted %}
+    // A prefill's caches are those of slot cache_slot[0]: each cache starts that many slots in
+    // (0 apart for one held in the arena).
+    k1 += cache_slot[0] * k1_slot;
+    k2 += cache_slot[0] * k2_slot;
+    v += cache_slot[0] * v_slot;
+{%- endif %}
     using namespace {{ name }}_;
     bf16* const sq = reinterpret_cast<bf16*>(dynamic_smem);
     bf16* const sk = sq + tile_elems<QC>(BM);

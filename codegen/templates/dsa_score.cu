@@ -9,8 +9,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     const {{ q_t }}* __restrict__ q, i64 q_row, i64 q_head,
     const {{ w_t }}* __restrict__ w, i64 w_row,
     const {{ k_t }}* __restrict__ k, i64 k_seq, i64 k_key,
-    const i64* __restrict__ positions, i64 rows, i64 keys)
+    const i64* __restrict__ positions, i64 rows, i64 keys{%- if slotted %},
+    const i64* __restrict__ cache_slot, i64 k_slot{%- endif %})
 {
+{%- if slotted %}
+    // A prefill's caches are those of slot cache_slot[0]: the cache starts that many slots in
+    // (0 apart for one held in the arena).
+    k += cache_slot[0] * k_slot;
+{%- endif %}
     constexpr int H = {{ heads }}, D = {{ dim }}, TILE = {{ tile }}, WARPS = 8;
     __shared__ float qs[H][D + 1];
     __shared__ float ws[H];

@@ -46,8 +46,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
 {%- if sparse %}
     const i64* __restrict__ topk, i64 topk_row,
 {%- endif %}
-    i64 rows, i64 splits, float scale_log2)
+    i64 rows, i64 splits, float scale_log2{%- if slotted %},
+    const i64* __restrict__ cache_slot, i64 k1_slot, i64 k2_slot{%- endif %})
 {
+{%- if slotted %}
+    // A prefill's caches are those of slot cache_slot[0]: each cache starts that many slots in
+    // (0 apart for one held in the arena).
+    k1 += cache_slot[0] * k1_slot;
+    k2 += cache_slot[0] * k2_slot;
+{%- endif %}
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8, VECS = D / 8;
     constexpr int HEADS = {{ heads }}, HG = {{ hg }}, GROUPS = HEADS / HG;
     constexpr int BN = 32, LDP = BN + 8, THREADS = 256;

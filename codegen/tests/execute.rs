@@ -19,7 +19,7 @@ use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{ArgValue, Phase, Step};
 use glmc_codegen::{lower_module, Limits, Target};
 use glmc_ir::{DType, Function, Module, Op, TensorType, Value};
-use glmc_runtime::generate::phase_inputs;
+use glmc_runtime::generate::{phase_inputs, prefill_inputs};
 use glmc_runtime::{run_function, Interpreter, Sampling, SequenceCache, Tensor};
 use half::bf16;
 
@@ -374,7 +374,7 @@ fn check_model(file: &str) {
             .map(|i| (i * 7 + seq as i64 * 3) % 50)
             .collect();
         let positions: Vec<i64> = (0..len as i64).collect();
-        let ins = phase_inputs(&ids, &positions, &sampling, 0, 1);
+        let ins = prefill_inputs(&ids, &positions, &sampling, 0, 0);
         let mut cache = SequenceCache::new();
         let want = interp
             .run(&module, prefill, &w, &mut [&mut cache], &ins)

@@ -21,6 +21,8 @@ use crate::{DType, Dim, Recipe};
 pub enum Arity {
     Exact(usize),
     AtLeast(usize),
+    /// From the first to the second, both included.
+    Between(usize, usize),
 }
 
 impl Arity {
@@ -28,6 +30,7 @@ impl Arity {
         match self {
             Arity::Exact(k) => n == k,
             Arity::AtLeast(k) => n >= k,
+            Arity::Between(lo, hi) => (lo..=hi).contains(&n),
         }
     }
 }
@@ -37,6 +40,7 @@ impl std::fmt::Display for Arity {
         match self {
             Arity::Exact(k) => write!(f, "{k}"),
             Arity::AtLeast(k) => write!(f, "at least {k}"),
+            Arity::Between(lo, hi) => write!(f, "{lo} to {hi}"),
         }
     }
 }
@@ -157,8 +161,10 @@ ops! {
     SliceLast "slice.last" [Arity::Exact(1)] {}
     /// Writes `new [n, ..]` at `positions [n]` into the cache `state` and returns the cache up
     /// to the furthest position: `[t, ..]`, or `[b, t, ..]` with one sequence per row when
-    /// `batched` (decode).
-    CacheUpdate "cache.update" [Arity::Exact(2)] { batched: bool, state: String }
+    /// `batched` (decode: row `i` is cache slot `i`). Unbatched (prefill), an optional third
+    /// operand `slot i64[1]` names the cache slot the `n` rows of one sequence go to (slot 0
+    /// without it); the attention and indexer ops reading the result read that slot.
+    CacheUpdate "cache.update" [if *batched { Arity::Exact(2) } else { Arity::Between(2, 3) }] { batched: bool, state: String }
     /// Expanded MLA attention: `q_nope [n,H,P]`, `q_pe [n,H,R]`, `k_nope [(b,)t,H,P]`,
     /// `k_pe [(b,)t,R]` (one rope key shared by all heads), `v [(b,)t,H,V]`, `positions [n]`, and
     /// when `sparse` the selected keys `topk [n,K]` (−1 = none) → `[n,H,V]`.

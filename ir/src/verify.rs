@@ -492,6 +492,11 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         Op::CacheUpdate { batched, .. } => {
             rank("new rows", x[0], 1..=3)?;
             positions(x[1], &x[0].shape[0])?;
+            if let Some(slot) = x.get(2) {
+                int("slot", slot)?;
+                rank("slot", slot, 1..=1)?;
+                same_dim("slot rows", &slot.shape[0], &Dim::Const(1))?;
+            }
             let mut shape = if *batched {
                 vec![x[0].shape[0].clone(), Dim::sym("t")]
             } else {

@@ -401,6 +401,27 @@ fn cache_update() {
     // Prefill: s new rows, the cache up to the furthest position.
     assert_eq!(ok(cache(false), &["bf16[s,8]", "i64[s]"]), "bf16[t,8]");
     assert_eq!(ok(cache(false), &["bf16[s,2,4]", "i64[s]"]), "bf16[t,2,4]");
+    // A prefill's cache slot: one integer.
+    assert_eq!(
+        ok(cache(false), &["bf16[s,8]", "i64[s]", "i64[1]"]),
+        "bf16[t,8]"
+    );
+    err(
+        cache(false),
+        &["bf16[s,8]", "i64[s]", "i64[2]"],
+        &["slot rows differ: 2 vs 1"],
+    );
+    err(
+        cache(false),
+        &["bf16[s,8]", "i64[s]", "f32[1]"],
+        &["slot must be an integer"],
+    );
+    // Decode rows are their slots: no slot operand.
+    err(
+        cache(true),
+        &["bf16[b,8]", "i64[b]", "i64[1]"],
+        &["takes 2 operands, has 3"],
+    );
     // Decode: one row per sequence, caches with a leading batch dim.
     assert_eq!(ok(cache(true), &["bf16[b,8]", "i64[b]"]), "bf16[b,t,8]");
     assert_eq!(ok(cache(true), &["bf16[b,2,4]", "i64[b]"]), "bf16[b,t,2,4]");

@@ -8,12 +8,14 @@
 //!
 //! Two entry functions share one set of cache states:
 //! - `prefill(input_ids i64[s], positions i64[s], temperature f32[1], top_p f32[1],
-//!   uniform f32[1])` appends `s` tokens of one sequence to its caches (which may already hold
-//!   earlier chunks) and returns `logits f32[1, vocab]` for its last position, or `[s, vocab]`
+//!   uniform f32[1], slot i64[1])` appends `s` tokens of one sequence to the caches of cache
+//!   slot `slot` (which may already hold earlier chunks) and returns `logits f32[1, vocab]` for its last position, or `[s, vocab]`
 //!   for every position when built with [`LogitRows::All`], and `next_token i64[1]`;
 //! - `decode(input_ids i64[b], positions i64[b], temperature f32[b], top_p f32[b],
 //!   uniform f32[b])` appends one token to each of `b` sequences, each at its own position, and
-//!   returns `logits f32[b, vocab]` and `next_token i64[b]`.
+//!   returns `logits f32[b, vocab]` and `next_token i64[b]`. Row `i` is cache slot `i`: a batch
+//!   of `b` sequences holds slots `0..b`, and a sequence that has finished while a higher slot
+//!   still decodes keeps its row (its output unused).
 //!
 //! `next_token` is `sample.top_p` of the logits of each sequence's last position, so a GPU
 //! backend can fuse `lm_head` with the sampler; `temperature` 0 makes it greedy. A build for a
@@ -129,6 +131,8 @@ struct Ctx<'a> {
     f: Function,
     phase: Phase,
     positions: Value,
+    /// Prefill's cache slot; decode's rows are their slots.
+    slot: Option<Value>,
 }
 
 impl Ctx<'_> {
@@ -206,9 +210,10 @@ impl Ctx<'_> {
         name: String,
         x: Value,
     ) -> Result<Value, VerifyError> {
-        let positions = self.positions;
+        let mut operands = vec![x, self.positions];
+        operands.extend(self.slot);
         let batched = self.phase == Phase::Decode;
-        self.op(Op::CacheUpdate { batched, state }, name, &[x, positions])
+        self.op(Op::CacheUpdate { batched, state }, name, &operands)
     }
 
     /// The shape of the cache's leading dims followed by `tail`: `[t, ..]` or `[b, t, ..]`.
@@ -259,11 +264,14 @@ fn build_function(
             f.push_input(2 + k as u64, name, ty)
         })
         .collect();
+    let slot = (phase == Phase::Prefill)
+        .then(|| f.push_input(5, "slot", TensorType::new(DType::I64, vec![Dim::Const(1)])));
     let mut cx = Ctx {
         c,
         f,
         phase,
         positions,
+        slot,
     };
 
     let table = cx.weight(

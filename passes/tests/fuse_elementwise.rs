@@ -15,8 +15,8 @@ use glmc_passes::fuse_mla_projections::FuseMlaProjections;
 use glmc_passes::select_attention::SelectAttention;
 use glmc_passes::{AttentionChoice, Pass, PassError, PassManager};
 use glmc_runtime::{
-    phase_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache, Tensor,
-    WeightSource,
+    phase_inputs, prefill_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache,
+    Tensor, WeightSource,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ fn session(
                 m.function("prefill").unwrap(),
                 weights,
                 &mut [cache],
-                &phase_inputs(p, &positions, &greedy, 0, 1),
+                &prefill_inputs(p, &positions, &greedy, 0, 0),
             )
             .unwrap_or_else(|e| panic!("prefill: {e}"));
         logits.push(out.swap_remove(0));

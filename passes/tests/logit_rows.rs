@@ -7,13 +7,13 @@ mod support;
 use glmc_ir::Module;
 use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_passes::{pipeline, PipelineOptions};
-use glmc_runtime::{phase_inputs, Interpreter, Sampling, SequenceCache, Tensor};
+use glmc_runtime::{prefill_inputs, Interpreter, Sampling, SequenceCache, Tensor};
 use support::*;
 
 /// `prefill` of `ids` from an empty cache: (logits, next_token).
 fn prefill(m: &Module, weights: &Weights, ids: &[i64], sampling: &Sampling) -> (Tensor, i64) {
     let positions: Vec<i64> = (0..ids.len() as i64).collect();
-    let inputs = phase_inputs(ids, &positions, sampling, 0, 1);
+    let inputs = prefill_inputs(ids, &positions, sampling, 0, 0);
     let f = m.function("prefill").expect("a prefill function");
     let mut cache = SequenceCache::new();
     let mut out = Interpreter::new()

@@ -25,6 +25,8 @@ pub enum GenerateError {
     },
     #[error("the prompt is empty; give at least one token")]
     EmptyPrompt,
+    #[error("cache slot {slot} holds no sequence, so it cannot sit out a decode step idle")]
+    IdleEmptySlot { slot: usize },
     #[error("token id {id} is outside the vocabulary (0..{vocab})")]
     TokenOutOfRange { id: u64, vocab: usize },
     #[error(transparent)]
@@ -69,10 +71,10 @@ pub struct Step {
     pub next_token: Option<u64>,
 }
 
-/// The inputs of the builder's `prefill` and `decode`, in argument order: `input_ids` and
-/// `positions` (one per token), then the sampler's `temperature`, `top_p` and `uniform`, one per
-/// sampled row (`sampled_rows`: 1 for prefill, one per sequence for decode), the uniform of
-/// row `r` drawn by `sampling` for `(step, r)`.
+/// The inputs of the builder's `decode` (and the first five of `prefill`), in argument order:
+/// `input_ids` and `positions` (one per token), then the sampler's `temperature`, `top_p` and
+/// `uniform`, one per sampled row (`sampled_rows`: 1 for prefill, one per sequence for decode),
+/// the uniform of row `r` drawn by `sampling` for `(step, r)`. Decode row `i` is cache slot `i`.
 pub fn phase_inputs(
     ids: &[i64],
     positions: &[i64],
@@ -93,6 +95,29 @@ pub fn phase_inputs(
     ]
 }
 
+/// The inputs of the builder's `prefill`: [`phase_inputs`] of one sampled row, then `slot`,
+/// the cache slot the sequence's tokens go to.
+pub fn prefill_inputs(
+    ids: &[i64],
+    positions: &[i64],
+    sampling: &Sampling,
+    step: u64,
+    slot: usize,
+) -> Vec<Tensor> {
+    let mut inputs = phase_inputs(ids, positions, sampling, step, 1);
+    inputs.push(Tensor::i64(vec![1], vec![slot as i64]).expect("one slot"));
+    inputs
+}
+
+/// The cache slot a `prefill` call's inputs name (their sixth, see [`prefill_inputs`]); 0 for a
+/// module without one.
+fn slot_of(inputs: &[Tensor]) -> usize {
+    match inputs.get(5).map(Tensor::as_i64) {
+        Some(Ok(&[s])) => usize::try_from(s).unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// The two entry functions of a compiled model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PhaseKind {
@@ -109,16 +134,17 @@ impl PhaseKind {
     }
 }
 
-/// What runs a model's phases for one sequence: the reference interpreter, or the CUDA executor.
-/// `run`, traces and tests never care which.
+/// What runs a model's phases over its cache slots: the reference interpreter, or the CUDA
+/// executor. `run`, traces and tests never care which.
 pub trait Executor {
     /// The names of `phase`'s results, in the order `run` returns them.
     fn result_names(&self, phase: PhaseKind) -> Vec<String>;
     /// The vocabulary size, when the model states it.
     fn vocab(&self) -> Option<usize>;
     /// Runs `phase` on `inputs` (in argument order, see [`phase_inputs`]) and returns its
-    /// results; the sequence's caches persist from call to call. `trace` is called per node by
-    /// executors that record nodes.
+    /// results; each cache slot's caches persist from call to call (a prefill writes the slot its
+    /// inputs name, decode row `i` slot `i`). `trace` is called per node by executors that record
+    /// nodes.
     fn run(
         &mut self,
         phase: PhaseKind,
@@ -128,11 +154,32 @@ pub trait Executor {
     ) -> Result<Vec<Tensor>, GenerateError>;
 }
 
-/// One rank of the reference interpreter: its module, interpreter and caches.
+/// One rank of the reference interpreter: its module, interpreter and caches (one per cache
+/// slot used so far).
 struct Rank<'a> {
     module: &'a Module,
     interp: Interpreter,
-    cache: SequenceCache,
+    caches: Vec<SequenceCache>,
+}
+
+/// The caches a call of `phase` on `inputs` is given: every slot up to the prefill's, or one
+/// per decode row.
+fn slot_caches<'c>(
+    caches: &'c mut Vec<SequenceCache>,
+    phase: PhaseKind,
+    inputs: &[Tensor],
+) -> Vec<&'c mut SequenceCache> {
+    let n = match phase {
+        PhaseKind::Prefill => slot_of(inputs) + 1,
+        PhaseKind::Decode => inputs.first().map_or(0, Tensor::numel),
+    };
+    if caches.len() < n {
+        caches.resize_with(n, SequenceCache::new);
+    }
+    match phase {
+        PhaseKind::Prefill => caches.iter_mut().collect(),
+        PhaseKind::Decode => caches[..n].iter_mut().collect(),
+    }
 }
 
 /// The reference interpreter as an [`Executor`]: one module, or the ranks of one
@@ -167,7 +214,7 @@ impl<'a> InterpExecutor<'a> {
                     Some(c) => Interpreter::new().with_communicator(c),
                     None => Interpreter::new(),
                 },
-                cache: SequenceCache::new(),
+                caches: Vec::new(),
             })
             .collect();
         InterpExecutor {
@@ -175,6 +222,15 @@ impl<'a> InterpExecutor<'a> {
             weights,
             fault: None,
         }
+    }
+
+    /// Rejects any position `>= max_context` on every rank (see
+    /// [`Interpreter::with_max_context`]).
+    pub fn with_max_context(mut self, max_context: usize) -> InterpExecutor<'a> {
+        for rank in &mut self.ranks {
+            rank.interp = std::mem::take(&mut rank.interp).with_max_context(max_context);
+        }
+        self
     }
 
     /// Breaks the node of `fault` on its rank (a test hook, see [`Fault`]).
@@ -253,24 +309,30 @@ impl Executor for InterpExecutor<'_> {
                 .map(|(i, rank)| {
                     scope.spawn(move || {
                         let f = rank.module.function(phase.name()).expect("checked above");
-                        let caches = &mut [&mut rank.cache];
+                        let mut caches = slot_caches(&mut rank.caches, phase, inputs);
                         let mut patch = |node: &glmc_ir::Node, _: &[&Tensor], out: &[&Tensor]| {
                             observe(i + 1, node, out)
                         };
-                        rank.interp
-                            .run_patched(rank.module, f, weights, caches, inputs, &mut patch)
+                        rank.interp.run_patched(
+                            rank.module,
+                            f,
+                            weights,
+                            &mut caches,
+                            inputs,
+                            &mut patch,
+                        )
                     })
                 })
                 .collect();
             let mut patch =
                 |node: &glmc_ir::Node, _: &[&Tensor], out: &[&Tensor]| observe(0, node, out);
             let f = first.module.function(phase.name()).expect("checked above");
-            let caches = &mut [&mut first.cache];
+            let mut caches = slot_caches(&mut first.caches, phase, inputs);
             let mut results = vec![first.interp.run_patched(
                 first.module,
                 f,
                 weights,
-                caches,
+                &mut caches,
                 inputs,
                 &mut patch,
             )];
@@ -327,16 +389,33 @@ impl Results {
     }
 }
 
-/// One sequence being generated.
+/// Sequences being generated, one per cache slot.
 pub struct Generator<'a> {
     exec: Box<dyn Executor + 'a>,
     prefill: Results,
     decode: Results,
     vocab: Option<usize>,
-    /// Tokens in the sequence's cache.
-    len: usize,
+    /// Per cache slot: tokens in its cache, and the last of them.
+    slots: Vec<Slot>,
     /// Calls so far: the `step` of the next call's uniform draw.
     calls: u64,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    len: usize,
+    last: Option<u64>,
+}
+
+/// One row of a batched decode step ([`Generator::decode_rows`]); row `i` is cache slot `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeRow {
+    /// Appends this token to the slot's sequence.
+    Next(u64),
+    /// A slot whose sequence has finished while a higher slot still decodes: it computes its
+    /// last token again at its last position, rewriting that cache row with the same values,
+    /// and its result is dropped. The slot's sequence does not grow.
+    Idle,
 }
 
 impl<'a> Generator<'a> {
@@ -374,18 +453,37 @@ impl<'a> Generator<'a> {
             prefill,
             decode,
             vocab,
-            len: 0,
+            slots: Vec::new(),
             calls: 0,
         })
     }
 
-    /// Tokens in the cache so far.
+    /// Tokens in slot 0's cache so far (the one sequence of [`Generator::prefill`]).
     pub fn len(&self) -> usize {
-        self.len
+        self.slot_len(0)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
+    }
+
+    /// Tokens in cache slot `slot` so far.
+    pub fn slot_len(&self, slot: usize) -> usize {
+        self.slots.get(slot).map_or(0, |s| s.len)
+    }
+
+    /// Forgets slot `slot`'s sequence: its next prefill starts a new one at position 0.
+    pub fn reset_slot(&mut self, slot: usize) {
+        if let Some(s) = self.slots.get_mut(slot) {
+            *s = Slot::default();
+        }
+    }
+
+    fn slot_mut(&mut self, slot: usize) -> &mut Slot {
+        if self.slots.len() <= slot {
+            self.slots.resize(slot + 1, Slot::default());
+        }
+        &mut self.slots[slot]
     }
 
     fn check_ids(&self, ids: &[u64]) -> Result<(), GenerateError> {
@@ -397,10 +495,22 @@ impl<'a> Generator<'a> {
         Ok(())
     }
 
-    /// Appends `ids` to the sequence in one prefill call, drawing the next token with
+    /// Appends `ids` to slot 0's sequence in one prefill call, drawing the next token with
     /// `sampling`.
     pub fn prefill(
         &mut self,
+        ids: &[u64],
+        sampling: &Sampling,
+        trace: &mut NodeHook<'_>,
+    ) -> Result<Step, GenerateError> {
+        self.prefill_slot(0, ids, sampling, trace)
+    }
+
+    /// Appends `ids` to the sequence of cache slot `slot` in one prefill call, drawing the next
+    /// token with `sampling`.
+    pub fn prefill_slot(
+        &mut self,
+        slot: usize,
         ids: &[u64],
         sampling: &Sampling,
         trace: &mut NodeHook<'_>,
@@ -409,89 +519,149 @@ impl<'a> Generator<'a> {
             return Err(GenerateError::EmptyPrompt);
         }
         self.check_ids(ids)?;
-        let start = self.len;
+        let start = self.slot_len(slot);
         let call = Call::Prefill {
             start,
             len: ids.len(),
         };
-        let out = self.run(PhaseKind::Prefill, ids, start, sampling, call, trace)?;
-        step(out, self.prefill, "prefill", ids.len())
+        let ids_i64: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+        let positions: Vec<i64> = (start..start + ids.len()).map(|p| p as i64).collect();
+        let inputs = prefill_inputs(&ids_i64, &positions, sampling, self.calls, slot);
+        self.calls += 1;
+        let mut out = self.exec.run(PhaseKind::Prefill, &inputs, call, trace)?;
+        let s = self.slot_mut(slot);
+        s.len += ids.len();
+        s.last = ids.last().copied();
+        let rows = logits_rows(&mut out, self.prefill, "prefill", &[1, ids.len()])?;
+        let next = next_tokens(&mut out, self.prefill, "prefill", 1)?;
+        Ok(Step {
+            logits: rows,
+            next_token: next[0],
+        })
     }
 
-    /// Appends one token through `decode`, drawing the next token with `sampling`.
+    /// Appends one token to slot 0's sequence through `decode`, drawing the next token with
+    /// `sampling`.
     pub fn decode(
         &mut self,
         id: u64,
         sampling: &Sampling,
         trace: &mut NodeHook<'_>,
     ) -> Result<Step, GenerateError> {
-        self.check_ids(&[id])?;
-        let position = self.len;
-        let call = Call::Decode { position };
-        let out = self.run(PhaseKind::Decode, &[id], position, sampling, call, trace)?;
-        step(out, self.decode, "decode", 1)
+        let mut steps = self.decode_rows(&[DecodeRow::Next(id)], sampling, trace)?;
+        Ok(steps.swap_remove(0).expect("a row that decodes has a step"))
     }
 
-    fn run(
+    /// One decode call over slots `0..rows.len()` (row `i` is slot `i`, each at its own
+    /// position), drawing each row's next token with `sampling`; `None` for an idle row.
+    pub fn decode_rows(
         &mut self,
-        phase: PhaseKind,
-        ids: &[u64],
-        start: usize,
+        rows: &[DecodeRow],
         sampling: &Sampling,
-        call: Call,
         trace: &mut NodeHook<'_>,
-    ) -> Result<Vec<Tensor>, GenerateError> {
-        let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
-        let positions: Vec<i64> = (start..start + ids.len()).map(|p| p as i64).collect();
-        let inputs = phase_inputs(&ids, &positions, sampling, self.calls, 1);
+    ) -> Result<Vec<Option<Step>>, GenerateError> {
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut positions = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            let slot = self.slots.get(i).copied().unwrap_or_default();
+            let (id, position) = match (*row, slot.last) {
+                (DecodeRow::Next(id), _) => (id, slot.len),
+                (DecodeRow::Idle, Some(last)) => (last, slot.len - 1),
+                (DecodeRow::Idle, None) => return Err(GenerateError::IdleEmptySlot { slot: i }),
+            };
+            ids.push(id);
+            positions.push(position as i64);
+        }
+        self.check_ids(&ids)?;
+        let call = Call::Decode {
+            position: positions.iter().max().map_or(0, |&p| p as usize),
+        };
+        let ids_i64: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+        let inputs = phase_inputs(&ids_i64, &positions, sampling, self.calls, rows.len());
         self.calls += 1;
-        let out = self.exec.run(phase, &inputs, call, trace)?;
-        self.len += ids.len();
-        Ok(out)
+        let mut out = self.exec.run(PhaseKind::Decode, &inputs, call, trace)?;
+        for (i, row) in rows.iter().enumerate() {
+            if let DecodeRow::Next(id) = *row {
+                let s = self.slot_mut(i);
+                s.len += 1;
+                s.last = Some(id);
+            }
+        }
+        let mut logits = logits_rows(&mut out, self.decode, "decode", &[rows.len()])?.into_iter();
+        let next = next_tokens(&mut out, self.decode, "decode", rows.len())?;
+        Ok(rows
+            .iter()
+            .zip(next)
+            .map(|(row, next_token)| {
+                let logits: Vec<Vec<f32>> = logits.next().into_iter().collect();
+                matches!(row, DecodeRow::Next(_)).then_some(Step { logits, next_token })
+            })
+            .collect())
     }
 }
 
-/// The logits rows and the next token of one call of a one-sequence batch of `n` tokens: a
-/// prefill returns one logits row or `n`, a decode one.
-fn step(
-    mut out: Vec<Tensor>,
-    results: Results,
+fn bad_result(
     function: &'static str,
-    n: usize,
-) -> Result<Step, GenerateError> {
-    let bad = |result: &'static str, got: String, expected: &str| GenerateError::BadResult {
+    result: &'static str,
+    got: String,
+    expected: &str,
+) -> GenerateError {
+    GenerateError::BadResult {
         function,
         result,
         got,
         expected: expected.to_string(),
-    };
-    let next = std::mem::replace(&mut out[results.next_token], Tensor::zeros(vec![0]));
-    let next = match next.as_i64() {
-        Ok(&[id]) => id,
-        _ => return Err(bad("next_token", format!("{:?}", next.shape()), "one id")),
-    };
-    let next_token = u64::try_from(next).ok();
+    }
+}
+
+/// The `logits` result as rows, checked to have one of the row counts `rows`; none where the
+/// build returns no logits (a greedy build whose lm_head feeds the argmax directly).
+fn logits_rows(
+    out: &mut [Tensor],
+    results: Results,
+    function: &'static str,
+    rows: &[usize],
+) -> Result<Vec<Vec<f32>>, GenerateError> {
     let Some(at) = results.logits else {
-        return Ok(Step {
-            logits: Vec::new(),
-            next_token,
-        });
+        return Ok(Vec::new());
     };
     let logits = std::mem::replace(&mut out[at], Tensor::zeros(vec![0]));
     let shape = format!("{:?}", logits.shape());
-    let &[rows, vocab] = logits.shape() else {
-        return Err(bad("logits", shape, "[rows, vocab]"));
+    let &[n, vocab] = logits.shape() else {
+        return Err(bad_result(function, "logits", shape, "[rows, vocab]"));
     };
-    if rows != 1 && rows != n {
-        return Err(bad("logits", shape, &format!("1 or {n} rows")));
+    if !rows.contains(&n) {
+        let expected = rows.iter().map(usize::to_string).collect::<Vec<_>>();
+        return Err(bad_result(
+            function,
+            "logits",
+            shape,
+            &format!("{} rows", expected.join(" or ")),
+        ));
     }
     let data = logits
         .into_f32()
-        .map_err(|_| bad("logits", "integers".into(), "floats"))?;
-    Ok(Step {
-        logits: data.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
-        next_token,
-    })
+        .map_err(|_| bad_result(function, "logits", "integers".into(), "floats"))?;
+    Ok(data.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect())
+}
+
+/// The `next_token` result, `n` ids; `None` for a row whose logits hold only NaN.
+fn next_tokens(
+    out: &mut [Tensor],
+    results: Results,
+    function: &'static str,
+    n: usize,
+) -> Result<Vec<Option<u64>>, GenerateError> {
+    let next = std::mem::replace(&mut out[results.next_token], Tensor::zeros(vec![0]));
+    match next.as_i64() {
+        Ok(ids) if ids.len() == n => Ok(ids.iter().map(|&id| u64::try_from(id).ok()).collect()),
+        _ => Err(bad_result(
+            function,
+            "next_token",
+            format!("{:?}", next.shape()),
+            &format!("{n} ids"),
+        )),
+    }
 }
 
 /// What one generation produced.
@@ -542,6 +712,59 @@ pub fn generate(
         logits,
         logits_from,
     })
+}
+
+/// [`generate`] for several prompts at once: prompt `i` is prefilled into cache slot `i`, then
+/// every step decodes all unfinished sequences in one `decode` call (row `i` is slot `i`, rows
+/// at their own positions). Each sequence stops on its own, after an `eos` token or `max_new`
+/// tokens; one that stops below a slot still decoding sits out the later steps as an idle row
+/// ([`DecodeRow::Idle`]). Generation `i` is prompt `i`'s, as [`generate`] would make it.
+pub fn generate_batch(
+    gen: &mut Generator,
+    prompts: &[Vec<u64>],
+    max_new: usize,
+    sampling: &Sampling,
+    eos: &[u64],
+    trace: &mut NodeHook<'_>,
+) -> Result<Vec<Generation>, GenerateError> {
+    sampling.validate()?;
+    let mut out = Vec::with_capacity(prompts.len());
+    let mut next = Vec::with_capacity(prompts.len());
+    for (slot, prompt) in prompts.iter().enumerate() {
+        gen.reset_slot(slot);
+        let first = gen.prefill_slot(slot, prompt, sampling, trace)?;
+        out.push(Generation {
+            tokens: prompt.clone(),
+            generated: Vec::new(),
+            logits_from: prompt.len() - first.logits.len(),
+            logits: first.logits,
+        });
+        next.push(first.next_token);
+    }
+    let mut live: Vec<bool> = vec![max_new > 0; prompts.len()];
+    while let Some(top) = live.iter().rposition(|&l| l) {
+        let mut rows = Vec::with_capacity(top + 1);
+        for i in 0..=top {
+            if !live[i] {
+                rows.push(DecodeRow::Idle);
+                continue;
+            }
+            let token = next[i].ok_or(SamplingError::BadLogits)?;
+            out[i].generated.push(token);
+            out[i].tokens.push(token);
+            rows.push(DecodeRow::Next(token));
+        }
+        let steps = gen.decode_rows(&rows, sampling, trace)?;
+        for (i, step) in steps.into_iter().enumerate() {
+            let (Some(step), DecodeRow::Next(token)) = (step, rows[i]) else {
+                continue;
+            };
+            out[i].logits.extend(step.logits);
+            next[i] = step.next_token;
+            live[i] = out[i].generated.len() < max_new && !eos.contains(&token);
+        }
+    }
+    Ok(out)
 }
 
 impl Generation {

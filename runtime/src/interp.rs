@@ -228,9 +228,10 @@ impl Interpreter {
     }
 
     /// Runs `f` of `module` on `inputs` (by argument index) and returns its results in
-    /// `f.results` order. `caches` are the sequences' persistent states: exactly one for a
-    /// `cache.update` that is not batched (prefill), one per input row for a batched one (decode);
-    /// a function without `cache.update` may get none.
+    /// `f.results` order. `caches` are the cache slots' persistent states: a `cache.update` that
+    /// is not batched (prefill) writes the slot its `slot` operand names (then `caches` holds at
+    /// least that many), or without one the only cache given; a batched one (decode) writes
+    /// `caches[i]` for input row `i`; a function without `cache.update` may get none.
     pub fn run(
         &mut self,
         module: &Module,
@@ -495,11 +496,16 @@ impl Interpreter {
                 let row_type = module.states.get(state).ok_or_else(|| {
                     Failure::Message(format!("cache state \"{state}\" is not declared"))
                 })?;
+                let slot = match args.get(2) {
+                    Some(t) => Some(cache::slot(t)?),
+                    None => None,
+                };
                 one(cache::update(
                     caches,
                     state,
                     row_type,
                     *batched,
+                    slot,
                     a(0),
                     &pos,
                 )?)

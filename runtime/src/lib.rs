@@ -17,8 +17,8 @@ pub use interp::{
 pub mod generate;
 pub mod sampling;
 pub use generate::{
-    generate, phase_inputs, Call, Executor, GenerateError, Generation, Generator, InterpExecutor,
-    NodeHook, PhaseKind, Step,
+    generate, generate_batch, phase_inputs, prefill_inputs, Call, DecodeRow, Executor,
+    GenerateError, Generation, Generator, InterpExecutor, NodeHook, PhaseKind, Step,
 };
 pub use sampling::{Sampling, SamplingError};
 pub mod cuda;

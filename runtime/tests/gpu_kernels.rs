@@ -162,6 +162,8 @@ fn inputs(mini: &Function, b: &Bindings, rng: &mut Rng, vocab: u64, context: u64
             (DType::F32, "temperature") => {
                 Tensor::f32(shape, (0..count).map(|i| (i % 2) as f32).collect())
             }
+            // Slot 1, not 0: a kernel that ignores the slot writes or reads the wrong rows.
+            (DType::I64, "slot") => Tensor::i64(shape, vec![1; count]),
             (DType::I64, "positions") => {
                 let start = rng.next() % (context - count as u64).max(1);
                 Tensor::i64(shape, (0..count as i64).map(|i| start as i64 + i).collect())
@@ -593,8 +595,12 @@ fn check_node(
         let ty = &module.states[state];
         let cache = &run.states[state];
         let size = ty.dtype.size_bytes() as usize;
+        let slot = match mini.operands(last).get(2) {
+            Some(_) => ins[input_of_operand(&mini, 2)].as_i64().unwrap()[0] as usize,
+            None => 0,
+        };
         for (i, &p) in pos.iter().enumerate() {
-            let seq = if *batched { i } else { 0 };
+            let seq = if *batched { i } else { slot };
             for j in 0..row {
                 let e = (seq * limits.max_context as usize + p as usize) * row + j;
                 let raw = &cache[e * size..(e + 1) * size];

@@ -471,3 +471,50 @@ fn weights_are_rounded_to_their_node_dtype() {
     assert_eq!(fv(&out[0]), [1.0, 1.0 + 2f32.powi(-7), 0.15625]);
     assert_eq!(fv(&out[1]), values);
 }
+
+/// A prefill's `slot` operand picks the cache it writes and reads among the slots given; the
+/// other slots keep their rows, and a slot past them is an error that changes nothing.
+#[test]
+fn a_prefill_writes_the_cache_slot_it_names() {
+    let mut m = module_with_states(&[("kv", f(&["2"]))]);
+    let mut func = Function::new("prefill");
+    let new = func.push_input(0, "new", f(&["s", "2"]));
+    let pos = func.push_input(1, "pos", i(&["s"]));
+    let slot = func.push_input(2, "slot", i(&["1"]));
+    let out = push(
+        &mut func,
+        Op::CacheUpdate {
+            batched: false,
+            state: "kv".into(),
+        },
+        "cache",
+        &[new, pos, slot],
+    );
+    func.results = vec![("cache".into(), out)];
+    m.functions.push(func);
+    let w: HashMap<String, Tensor> = HashMap::new();
+    let mut interp = Interpreter::new();
+    let (mut a, mut b) = (SequenceCache::new(), SequenceCache::new());
+    let mut call = |caches: &mut [&mut SequenceCache], rows: Vec<f32>, slot: i64| {
+        let n = rows.len() / 2;
+        let inputs = [
+            f32t(&[n, 2], rows),
+            i64t(&[n], (0..n as i64).collect()),
+            i64t(&[1], vec![slot]),
+        ];
+        interp.run(&m, m.function("prefill").unwrap(), &w, caches, &inputs)
+    };
+    let out = call(&mut [&mut a, &mut b], vec![1.0, 2.0, 3.0, 4.0], 1).unwrap();
+    assert_eq!(fv(&out[0]), [1.0, 2.0, 3.0, 4.0]);
+    let out = call(&mut [&mut a, &mut b], vec![5.0, 6.0], 0).unwrap();
+    assert_eq!(fv(&out[0]), [5.0, 6.0]);
+    let err = call(&mut [&mut a, &mut b], vec![7.0, 8.0], 2)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cache slot 2 is out of range: 2 cache slots were given"),
+        "{err}"
+    );
+    assert_eq!(a.state_rows("kv").unwrap(), [5.0, 6.0]);
+    assert_eq!(b.state_rows("kv").unwrap(), [1.0, 2.0, 3.0, 4.0]);
+}

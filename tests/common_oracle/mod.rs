@@ -512,13 +512,25 @@ pub fn cuda_generator<'a>(
     max_prefill: u64,
     context: u64,
 ) -> glmc_runtime::Generator<'a> {
+    cuda_batch_generator(dir, module, weights, max_prefill, context, 1)
+}
+
+/// [`cuda_generator`] with caches for `max_batch` sequences.
+pub fn cuda_batch_generator<'a>(
+    dir: &Path,
+    module: &Module,
+    weights: &'a Checkpoint,
+    max_prefill: u64,
+    context: u64,
+    max_batch: u64,
+) -> glmc_runtime::Generator<'a> {
     use glmc_codegen::{Limits, Target};
     let gpu = glmc_runtime::cuda::Gpu::open(0).expect("a GPU");
     let (major, minor) = gpu.compute_capability().expect("its compute capability");
     let target = Target::for_gpu(major, minor).expect("a GPU glmc compiles for");
     let limits = Limits {
         max_prefill_tokens: max_prefill,
-        max_batch: 1,
+        max_batch,
         max_context: context,
     };
     let config = glmc_models::import_hf(dir)
@@ -547,7 +559,7 @@ pub fn prefill_patched(
     let n = tokens.len();
     let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
     let positions: Vec<i64> = (0..n as i64).collect();
-    let inputs = glmc_runtime::phase_inputs(&ids, &positions, &Sampling::default(), 0, 1);
+    let inputs = glmc_runtime::prefill_inputs(&ids, &positions, &Sampling::default(), 0, 0);
     let mut cache = SequenceCache::new();
     let out = Interpreter::new()
         .run_patched(module, f, weights, &mut [&mut cache], &inputs, patch)

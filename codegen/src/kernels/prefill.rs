@@ -92,7 +92,7 @@ pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, Stri
         .dtype("out_t", out.dtype)?
         .shared(shared as u32, true);
     let rows = out.shape[0].clone();
-    let args = vec![
+    let mut args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),
         int("out_head", out_head),
@@ -114,6 +114,7 @@ pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, Stri
         int("rows", rows.clone()),
         float("scale", scale),
     ];
+    let b = cx.slotted(b, &mut args, &[("k1", k1), ("k2", k2), ("v", v)]);
     // Whole row tiles times the heads; blocks past the last row tile return at once.
     let grid = GridDim {
         work: rows
@@ -162,7 +163,7 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
         .param("smem_kib", shared.div_ceil(1024))
         .dtype("w_t", o.w.dtype)?
         .shared(shared as u32, true);
-    let args = o.args(cx);
+    let (b, args) = o.args(cx, b);
     // At least (row tiles) × (key chunks) blocks; the ones past the last row tile return.
     let grid = GridDim {
         work: o

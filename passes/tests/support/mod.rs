@@ -14,8 +14,8 @@ use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, AttentionChoice, PassError, PassManager, PipelineOptions, PIPELINE};
 use glmc_runtime::{
-    phase_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache, Tensor, TraceFn,
-    WeightSource,
+    phase_inputs, prefill_inputs, Checkpoint, InterpError, Interpreter, Sampling, SequenceCache,
+    Tensor, TraceFn, WeightSource,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -464,7 +464,7 @@ fn run_on(
         for chunk in &s.chunks {
             let n = chunk.len() as i64;
             let positions: Vec<i64> = (pos..pos + n).collect();
-            let inputs = phase_inputs(chunk, &positions, &greedy, 0, 1);
+            let inputs = prefill_inputs(chunk, &positions, &greedy, 0, 0);
             let out = interp.run_traced(module, prefill, weights, &mut [cache], &inputs, trace)?;
             push_rows(&mut rows, &out[0]);
             pos += n;

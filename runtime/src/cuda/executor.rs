@@ -1,4 +1,6 @@
-//! The CUDA executor: runs a compiled artifact's phases on one GPU, for one sequence.
+//! The CUDA executor: runs a compiled artifact's phases on one GPU, over the cache slots the
+//! artifact holds (`--max-batch`): a prefill fills the slot its `slot` input names, decode row
+//! `i` reads and writes slot `i`.
 //!
 //! It reads only what the artifact holds (the manifest and the cubin) and the weights: every
 //! weight is made by its recipe and uploaded once (or, for random weights, generated on the GPU),
@@ -158,6 +160,8 @@ pub struct CudaExecutor {
     decode_inputs: Vec<CudaSlice<u8>>,
     /// The states' entries, for [`CudaExecutor::fill_states`].
     state_entries: Vec<StateEntry>,
+    /// The cache slot of the prefill running (traces read its caches there).
+    slot: u64,
     // The allocations `memory` points into: they live as long as the executor.
     _arena: CudaSlice<u8>,
     _weights: Vec<CudaSlice<u8>>,
@@ -289,12 +293,15 @@ impl CudaExecutor {
         let (prefill_inputs, decode_inputs) = (input_buffers(&prefill)?, input_buffers(&decode)?);
         // The logits' width, or in a greedy build without logits the embedding table's rows.
         let embed_rows = || {
-            prefill.launches().filter(|l| l.op == "embed").find_map(|l| {
-                l.args.iter().find_map(|a| match (&a.name[..], &a.value) {
-                    ("table", ArgValue::Ptr(t)) => t.shape.first().cloned(),
-                    _ => None,
+            prefill
+                .launches()
+                .filter(|l| l.op == "embed")
+                .find_map(|l| {
+                    l.args.iter().find_map(|a| match (&a.name[..], &a.value) {
+                        ("table", ArgValue::Ptr(t)) => t.shape.first().cloned(),
+                        _ => None,
+                    })
                 })
-            })
         };
         let vocab = prefill
             .results
@@ -317,6 +324,7 @@ impl CudaExecutor {
             prefill_inputs,
             decode_inputs,
             state_entries: manifest.states.clone(),
+            slot: 0,
             _arena: arena,
             _weights: held,
             _states: states,
@@ -410,6 +418,7 @@ impl CudaExecutor {
         }
         let mut values = Vec::with_capacity(outputs.len());
         for at in outputs {
+            let at = &self.in_slot(kind, at);
             let mut t = self.read(at, bindings)?;
             if let Some(fault) = broken {
                 t = fault.apply(&t);
@@ -453,6 +462,12 @@ impl CudaExecutor {
         inputs: &[Tensor],
     ) -> Result<(Arc<Phase>, Bindings), CudaError> {
         let bindings = self.bindings(kind, inputs)?;
+        if kind == PhaseKind::Prefill {
+            self.slot = match inputs.get(5).map(Tensor::as_i64) {
+                Some(Ok(&[slot])) => slot as u64,
+                _ => 0,
+            };
+        }
         let phase = Arc::clone(self.phase(kind));
         if phase.inputs.len() != inputs.len() {
             return Err(artifact_error(format!(
@@ -567,6 +582,18 @@ impl CudaExecutor {
         self.gpu.synchronize()
     }
 
+    /// `at` where this call keeps it: a prefill's view of a cache state names slot 0's rows,
+    /// which its kernels move to the call's slot on the device.
+    fn in_slot(&self, kind: PhaseKind, at: &TensorRef) -> TensorRef {
+        let mut at = at.clone();
+        if kind == PhaseKind::Prefill {
+            let stride = glmc_codegen::kernels::slot_stride(&at, self.max.max_context);
+            let bytes = stride.scale((self.slot * at.dtype.size_bytes()) as i64);
+            at.offset_bytes = at.offset_bytes.add(&bytes);
+        }
+        at
+    }
+
     fn phase(&self, kind: PhaseKind) -> &Arc<Phase> {
         match kind {
             PhaseKind::Prefill => &self.prefill,
@@ -596,6 +623,17 @@ impl CudaExecutor {
                         "a prefill of {rows} tokens is more than the {} the artifact was compiled for: recompile with a larger --max-prefill-tokens",
                         self.max.max_prefill_tokens
                     )));
+                }
+                // The kernels address the slot's caches from the device copy of `slot`: one
+                // past the caches would write outside them.
+                let slot = inputs.get(5).and_then(|t| t.as_i64().ok());
+                if let Some(&[slot]) = slot {
+                    if !(0..self.max.max_batch as i64).contains(&slot) {
+                        return Err(artifact_error(format!(
+                            "cache slot {slot} is outside the {} sequences the artifact was compiled for: recompile with a larger --max-batch",
+                            self.max.max_batch
+                        )));
+                    }
                 }
                 prefill_bindings(rows, context.saturating_sub(rows))
             }

@@ -129,14 +129,28 @@ impl SequenceCache {
     }
 }
 
+/// The cache slot of a `cache.update`'s `slot` operand (`i64[1]`).
+pub(super) fn slot(t: &Tensor) -> KResult<usize> {
+    match t.as_i64() {
+        Ok(&[s]) => usize::try_from(s).map_err(|_| format!("cache slot {s} is negative")),
+        _ => Err(format!(
+            "the cache slot must be one integer, got {:?} {}",
+            t.shape(),
+            t.dtype()
+        )),
+    }
+}
+
 /// `cache.update`: writes `new [n, ..]` at `positions` and returns rows `0..=max position`:
-/// `[t, ..]` for one sequence, or `[b, t, ..]` when `batched` (row `i` of `new` belongs to
-/// `caches[i]`; each sequence's rows past its own position are zero).
+/// `[t, ..]` for one sequence (`caches[slot]`, or the one cache given when there is no slot),
+/// or `[b, t, ..]` when `batched` (row `i` of `new` belongs to `caches[i]`; each sequence's rows
+/// past its own position are zero).
 pub(super) fn update(
     caches: &mut [&mut SequenceCache],
     state: &str,
     row_type: &TensorType,
     batched: bool,
+    slot: Option<usize>,
     new: &Tensor,
     positions: &[usize],
 ) -> KResult<Tensor> {
@@ -163,11 +177,18 @@ pub(super) fn update(
     let t = positions.iter().max().map_or(0, |&p| p + 1);
     let row = |i: usize| &data[i * width..(i + 1) * width];
     if !batched {
-        let [cache] = caches else {
-            return Err(format!(
-                "an unbatched cache.update runs for one sequence, but {} caches were given",
-                caches.len()
-            ));
+        let given = caches.len();
+        let cache = match (slot, caches) {
+            (Some(slot), caches) => caches.get_mut(slot).ok_or_else(|| {
+                format!("cache slot {slot} is out of range: {given} cache slots were given")
+            })?,
+            (None, [cache]) => cache,
+            (None, _) => {
+                return Err(format!(
+                    "an unbatched cache.update without a slot runs for one sequence, but \
+                     {given} caches were given"
+                ))
+            }
         };
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&i| positions[i]);
