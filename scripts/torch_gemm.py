@@ -7,21 +7,13 @@ torch.bmm over contiguous [heads, rows, K] operands (torch's best layout; glmc r
 place, strided). f32 stays f32 (TF32 off, torch's default for matmul).
 """
 import json
+import os
 import sys
 
 import torch
 
-
-def time_us(fn, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench", "peers"))
+from torch_matmul import time_gemm  # noqa: E402
 
 
 def main():
@@ -33,22 +25,14 @@ def main():
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in shapes:
-        dtype = torch.bfloat16 if s["dtype"] == "bf16" else torch.float32
         rows, heads, n, k = s["rows"], s["heads"], s["n"], s["k"]
-        x = torch.randn(heads, rows, k, device="cuda", dtype=dtype)
-        w = torch.randn(heads, n, k, device="cuda", dtype=dtype)
-        if heads == 1:
-            x2, w2 = x[0], w[0]
-            us = time_us(lambda: torch.matmul(x2, w2.t()))
-        else:
-            us = time_us(lambda: torch.bmm(x, w.transpose(1, 2)))
+        us = time_gemm(heads, rows, n, k, s["dtype"])
         flops = 2.0 * heads * rows * n * k
         lines.append(
             f"| {s['phase']} | {rows} | {s['node']} | {heads} × {n} × {k} | {s['dtype']} | "
             f"{s['glmc_us']:.1f} | {us:.1f} | {s['glmc_us'] / us:.2f} | "
             f"{flops / s['glmc_us'] / 1e6:.1f} | {flops / us / 1e6:.1f} |"
         )
-        del x, w
     open(sys.argv[2], "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -30,6 +30,18 @@ def time_us(fn, reps=20):
     return start.elapsed_time(end) * 1e3 / reps
 
 
+def time_gemm(heads, rows, n, k, dtype):
+    """Microseconds of x·wᵀ for x [heads, rows, k] and w [heads, n, k] ("bf16" or "f32"):
+    torch.matmul for one head, one torch.bmm over contiguous operands for several."""
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    x = torch.randn(heads, rows, k, device="cuda", dtype=dt)
+    w = torch.randn(heads, n, k, device="cuda", dtype=dt)
+    if heads == 1:
+        x2, w2 = x[0], w[0]
+        return time_us(lambda: torch.matmul(x2, w2.t()))
+    return time_us(lambda: torch.bmm(x, w.transpose(1, 2)))
+
+
 def shapes(doc):
     """{(phase, rows, folded node, heads, n, k, dtype): [glmc seconds per layer]}."""
     out = {}
@@ -63,19 +75,11 @@ def main():
         "shapes": [],
     }
     for (phase, rows, node, heads, n, k, dtype), times in sorted(shapes(doc).items()):
-        dt = torch.bfloat16 if dtype == "bf16" else torch.float32
-        x = torch.randn(heads, rows, k, device="cuda", dtype=dt)
-        w = torch.randn(heads, n, k, device="cuda", dtype=dt)
-        if heads == 1:
-            x2, w2 = x[0], w[0]
-            us = time_us(lambda: torch.matmul(x2, w2.t()))
-        else:
-            us = time_us(lambda: torch.bmm(x, w.transpose(1, 2)))
+        us = time_gemm(heads, rows, n, k, dtype)
         result["shapes"].append(
             {"phase": phase, "rows": rows, "node": node, "heads": heads, "n": n, "k": k, "dtype": dtype,
              "glmc_us": sum(times) / len(times) * 1e6, "torch_us": us}
         )
-        del x, w
     json.dump(result, open(sys.argv[2], "w"), indent=1)
     print(f"timed {len(result['shapes'])} shapes into {sys.argv[2]}")
 

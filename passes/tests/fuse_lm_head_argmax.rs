@@ -12,7 +12,9 @@ use glmc_ir::{print_module, DType, Module, Op, Value};
 use glmc_models::builder::{build, BuildOptions, LogitRows, Sampler};
 use glmc_passes::fuse_lm_head_argmax::NAME;
 use glmc_passes::AttentionChoice;
-use glmc_runtime::{phase_inputs, Interpreter, Sampling, SequenceCache, Tensor, WeightSource};
+use glmc_runtime::{
+    phase_inputs, prefill_inputs, Interpreter, Sampling, SequenceCache, Tensor, WeightSource,
+};
 use support::{apply, shipped, stages, Weights, Workload};
 
 fn greedy() -> BuildOptions {
@@ -131,7 +133,7 @@ fn tokens(module: &Module, weights: &dyn WeightSource, workload: &Workload) -> V
         for chunk in &s.chunks {
             let n = chunk.len() as i64;
             let positions: Vec<i64> = (pos..pos + n).collect();
-            let inputs = phase_inputs(chunk, &positions, &greedy, 0, 1);
+            let inputs = prefill_inputs(chunk, &positions, &greedy, 0, 0);
             let out = interp
                 .run(module, prefill, weights, &mut [cache], &inputs)
                 .unwrap();
