@@ -1944,9 +1944,9 @@ fn attention_close(gpu: &[f64], reference: &[f64], dv: usize) -> Result<f64, Str
 }
 
 /// Dense expanded `mla.attend` at GLM-5's sizes (64 heads, 192 + 64 query dims, 256 value dims,
-/// scale 1/16, bf16) as a dense prefill lowers it: a 4096-token prefill, a chunked prefill of 512
-/// tokens after 3584 cached, and small odd sizes (one token; rows and caches that are no multiple
-/// of the 64-row tiles). The flash kernel is checked against the baseline kernel on the GPU on
+/// scale 1/16, bf16) as a dense prefill lowers it: a 4096-token prefill, chunked prefills of 512
+/// tokens after 3584 and after 15872 cached, and small odd sizes (one token; rows and caches that
+/// are no multiple of the 64-row tiles). The flash kernel is checked against the baseline kernel on the GPU on
 /// every row (the baseline runs when the inputs are f32: the same values, in a dtype the flash
 /// kernel does not take) and against the interpreter on sampled rows (it is f64 and slow). Timed
 /// over 20 runs with the causal FLOPs; written to `prefill_attention.md`.
@@ -1964,7 +1964,7 @@ fn glm5_prefill_attention_matches_and_is_timed() {
     let limits = Limits {
         max_prefill_tokens: 4096,
         max_batch: 1,
-        max_context: 4096,
+        max_context: 16384,
     };
     let attend = |dtype: DType| {
         let (s, t) = (Dim::Sym("s".into()), Dim::Sym("t".into()));
@@ -2013,6 +2013,7 @@ fn glm5_prefill_attention_matches_and_is_timed() {
         ("odd, after a cache", 7, 19, 12),
         ("odd prefill", 67, 67, 0),
         ("odd chunk", 100, 300, 200),
+        ("chunked prefill after 15872", 512, 16384, 15872),
     ] {
         let (k_all, q_all): (Vec<Tensor>, Vec<Tensor>) = if cache == 4096 {
             let q_rows: Vec<usize> = (start..start + rows).collect();
@@ -2116,10 +2117,12 @@ fn glm5_prefill_attention_matches_and_is_timed() {
 }
 
 /// The DSA indexer at GLM-5's sizes (32 heads × 128 dims, top-2048, bf16 queries and keys, bf16
-/// head weights): decode of 1 and 8 sequences at contexts of 2048, 8192 and 32768 (each
-/// sequence's own cache, its last position), and a 4096-row prefill over one cache.
+/// head weights): decode of one sequence at contexts of 1, 2048, 8192 and 32768, of 8 at 2048,
+/// 8192 and 32768, of 64 at 8192 (each sequence's own cache, its last position) and of 64 at
+/// random positions of a 4096 context (ragged), and a 4096-row prefill over one cache.
 /// `dsa.score` is checked against the interpreter (f32 within 1e-5 of the largest score; the
-/// prefill on sampled rows), `dsa.topk` exactly against the interpreter's top-k of the same GPU
+/// prefill on sampled rows) and on every row against codegen II's SIMT kernel (which f32 inputs
+/// of the same values take), `dsa.topk` exactly against the interpreter's top-k of the same GPU
 /// scores, and as a set against the interpreter's top-k of its own scores in the rows where the
 /// k-th and (k+1)-th best differ by more than that tolerance. Timed over 20 runs each; written to
 /// `indexer.md`.
@@ -2139,12 +2142,15 @@ fn glm5_indexer_matches_and_is_timed() {
     );
     let mut failures = Vec::new();
     for (case, phase, rows, context) in [
-        ("decode", "decode", 1usize, 2048usize),
+        ("decode", "decode", 1usize, 1usize),
+        ("decode", "decode", 1, 2048),
         ("decode", "decode", 1, 8192),
         ("decode", "decode", 1, 32768),
         ("decode", "decode", 8, 2048),
         ("decode", "decode", 8, 8192),
         ("decode", "decode", 8, 32768),
+        ("decode", "decode", 64, 8192),
+        ("decode, ragged", "decode", 64, 4096),
         ("prefill", "prefill", 4096, 4096),
     ] {
         let decode = phase == "decode";
@@ -2157,17 +2163,21 @@ fn glm5_indexer_matches_and_is_timed() {
         } else {
             vec![t.clone(), c(DIM)]
         };
-        let mut score_fn = Function::new(phase);
-        let q = score_fn.push_input(0, "q", ty(DType::BF16, vec![row.clone(), c(HEADS), c(DIM)]));
-        let w = score_fn.push_input(1, "w", ty(DType::BF16, vec![row.clone(), c(HEADS)]));
-        let k = score_fn.push_input(2, "k", ty(DType::BF16, k_shape));
-        let p = score_fn.push_input(3, "positions", ty(DType::I64, vec![row.clone()]));
-        let node = score_fn
-            .push(Op::DsaScore {}, "scores", &[q, w, k, p])
-            .unwrap();
-        score_fn.results.push(("scores".into(), node.into()));
-        let mut score_module = Module::new("indexer");
-        score_module.functions.push(score_fn.clone());
+        // bf16 takes the tensor cores; f32 inputs of the same values the SIMT baseline.
+        let score = |dtype: DType| {
+            let mut f = Function::new(phase);
+            let q = f.push_input(0, "q", ty(dtype, vec![row.clone(), c(HEADS), c(DIM)]));
+            let w = f.push_input(1, "w", ty(dtype, vec![row.clone(), c(HEADS)]));
+            let k = f.push_input(2, "k", ty(dtype, k_shape.clone()));
+            let p = f.push_input(3, "positions", ty(DType::I64, vec![row.clone()]));
+            let node = f.push(Op::DsaScore {}, "scores", &[q, w, k, p]).unwrap();
+            f.results.push(("scores".into(), node.into()));
+            let mut m = Module::new("indexer");
+            m.functions.push(f.clone());
+            (m, f)
+        };
+        let (score_module, score_fn) = score(DType::BF16);
+        let (baseline_module, _) = score(DType::F32);
         let mut topk_fn = Function::new(phase);
         let s_in = topk_fn.push_input(0, "scores", ty(DType::F32, vec![row.clone(), t.clone()]));
         let p = topk_fn.push_input(1, "positions", ty(DType::I64, vec![row.clone()]));
@@ -2178,7 +2188,11 @@ fn glm5_indexer_matches_and_is_timed() {
         let mut topk_module = Module::new("indexer");
         topk_module.functions.push(topk_fn.clone());
 
-        let positions: Vec<i64> = if decode {
+        let positions: Vec<i64> = if case.contains("ragged") {
+            (0..rows)
+                .map(|_| (rng.next() % context as u64) as i64)
+                .collect()
+        } else if decode {
             vec![context as i64 - 1; rows]
         } else {
             (0..rows as i64).collect()
@@ -2197,7 +2211,7 @@ fn glm5_indexer_matches_and_is_timed() {
         let b = Bindings::from([(sym.into(), rows as u64), ("t".into(), context as u64)]);
         let limits = Limits {
             max_prefill_tokens: 4096,
-            max_batch: 8,
+            max_batch: 64,
             max_context: context as u64,
         };
         let run = run_on_gpu(&dev, &score_module, limits, &ins, &b, true);
@@ -2231,13 +2245,28 @@ fn glm5_indexer_matches_and_is_timed() {
             .iter()
             .flat_map(|&r| scores[r * context..(r + 1) * context].iter().copied())
             .collect();
-        let check = match compare(&got, &want, DType::F32) {
+        let mut check = match compare(&got, &want, DType::F32) {
             Ok(e) => format!("{e:.1e} ({} rows)", sample.len()),
             Err(why) => {
                 failures.push(format!("{case} {rows}×{context} dsa.score: {why}"));
                 "FAIL".into()
             }
         };
+        let base = run_on_gpu(&dev, &baseline_module, limits, &ins, &b, false);
+        let base_kernel = launched(&base.phase, &b).join(",");
+        assert!(base_kernel.starts_with("glmc_dsa_score_") && !base_kernel.contains("mma"));
+        let at_base = &base.phase.results[0].1;
+        let base_scores = gather(&bytes_of(&base, at_base), at_base, &b);
+        drop(base);
+        match compare(&scores, &base_scores, DType::F32) {
+            Ok(e) => write!(check, "; all rows vs baseline {e:.1e}").unwrap(),
+            Err(why) => {
+                failures.push(format!(
+                    "{case} {rows}×{context} dsa.score vs baseline: {why}"
+                ));
+                check.push_str("; vs baseline FAIL");
+            }
+        }
         let visible: f64 = positions.iter().map(|p| (p + 1) as f64).sum();
         let moved =
             2.0 * (rows * HEADS * (DIM + 1) + k_rows * DIM) as f64 + 4.0 * (rows * context) as f64;
