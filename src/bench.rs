@@ -28,7 +28,9 @@ use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::plan_memory::{decode_bindings, prefill_bindings, Bindings};
 use glmc_runtime::cuda::{ceiling, random_fill, CallTiming, CudaError, CudaExecutor, Gpu};
-use glmc_runtime::{phase_inputs, Checkpoint, PhaseKind, RandomWeights, Sampling, Tensor};
+use glmc_runtime::{
+    phase_inputs, prefill_inputs, Checkpoint, PhaseKind, RandomWeights, Sampling, Tensor,
+};
 use serde_json::{json, Value};
 
 use crate::cli::{AttentionArg, BenchArgs, DeviceArg, PipelineArgs};
@@ -314,7 +316,7 @@ fn bench_attention(
         let n = plan.prefill;
         let ids = token_ids(seed, 0, n, vocab);
         let positions: Vec<i64> = (0..n as i64).collect();
-        let inputs = phase_inputs(&ids, &positions, &Sampling::default(), 0, 1);
+        let inputs = prefill_inputs(&ids, &positions, &Sampling::default(), 0, 0);
         let bindings = prefill_bindings(n, 0);
         let point = measure(
             &mut exec,

@@ -1075,9 +1075,9 @@ fn gemm_argmax(cx: &NodeCtx) -> Result<Lowering, String> {
         return Err(format!("the tokens must be contiguous i64 ({out})"));
     }
     let n = const_dim(w, 0, "the weight")?;
-    if n > u32::MAX as u64 {
+    if n > i32::MAX as u64 {
         return Err(format!(
-            "{n} columns: the argmax keys hold a column in 32 bits"
+            "{n} columns: the kernels hold a column in an int (at most 2^31 - 1)"
         ));
     }
     let rows = out.shape[0].clone();

@@ -626,8 +626,13 @@ impl CudaExecutor {
                 }
                 // The kernels address the slot's caches from the device copy of `slot`: one
                 // past the caches would write outside them.
-                let slot = inputs.get(5).and_then(|t| t.as_i64().ok());
-                if let Some(&[slot]) = slot {
+                if let Some(t) = inputs.get(5) {
+                    let &[slot] = t.as_i64().unwrap_or_default() else {
+                        return Err(artifact_error(format!(
+                            "the prefill's slot input is {:?}, not one cache slot",
+                            t.shape()
+                        )));
+                    };
                     if !(0..self.max.max_batch as i64).contains(&slot) {
                         return Err(artifact_error(format!(
                             "cache slot {slot} is outside the {} sequences the artifact was compiled for: recompile with a larger --max-batch",
