@@ -718,7 +718,9 @@ pub fn generate(
 /// every step decodes all unfinished sequences in one `decode` call (row `i` is slot `i`, rows
 /// at their own positions). Each sequence stops on its own, after an `eos` token or `max_new`
 /// tokens; one that stops below a slot still decoding sits out the later steps as an idle row
-/// ([`DecodeRow::Idle`]). Generation `i` is prompt `i`'s, as [`generate`] would make it.
+/// ([`DecodeRow::Idle`]). Generation `i` is prompt `i`'s, as [`generate`] would make it when
+/// greedy; when sampling, each row draws its own uniforms (by call and row), so the tokens drawn
+/// differ from a batch of one's.
 pub fn generate_batch(
     gen: &mut Generator,
     prompts: &[Vec<u64>],
