@@ -395,7 +395,7 @@ fn generate_and_print(
             t.record(call, rank, node, outputs);
         }
         if check {
-            check_finite(call, node, outputs)?;
+            check_finite(call, (args.tp > 1).then_some(rank), node, outputs)?;
         }
         Ok(())
     };

@@ -397,6 +397,36 @@ fn check_finite_on(device: &str) {
     assert!(out.stdout.is_empty(), "no tokens after the stop");
 }
 
+/// Under tensor parallelism `--check-finite` checks every rank and names the one whose node
+/// went non-finite: a NaN injected into rank 1's shard of layer 0's up_proj.
+#[test]
+fn check_finite_names_the_rank_of_a_tensor_parallel_run() {
+    let model = fixture("sparse");
+    let args = [
+        "run",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        PROMPT,
+        "--max-new-tokens",
+        "3",
+        "--check-finite",
+        "--tp",
+        "2",
+    ];
+    succeeded(&glmc(&args));
+    let node = "model.layers.0.mlp.up_proj";
+    let nan = format!("{node}@1=nan");
+    let out = glmc_env(&args, &[(Fault::ENV, &nan)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "node \"{node}\" (matmul, in layer 0, on rank 1) produced"
+        )),
+        "{stderr}"
+    );
+}
+
 /// The GPU's nvidia-smi compute capability as a glmc target: `sm90a` on an H200.
 fn gpu_target() -> String {
     let out = Command::new("nvidia-smi")

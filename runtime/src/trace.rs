@@ -50,11 +50,14 @@ fn layer_text(node: &str) -> String {
 /// The first node of a `--check-finite` run whose output holds NaN or an infinity.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "--check-finite: node \"{node}\" ({op}, {layer}) produced {count} non-finite value(s) in output {output} (shape {shape:?}) during {call}; the nodes before it were finite: compare a --trace of this run with one on the other device (glmc compare-trace) to see where the values first grow",
-    layer = layer_text(node)
+    "--check-finite: node \"{node}\" ({op}, {layer}{on_rank}) produced {count} non-finite value(s) in output {output} (shape {shape:?}) during {call}; the nodes before it were finite: compare a --trace of this run with one on the other device (glmc compare-trace) to see where the values first grow",
+    layer = layer_text(node),
+    on_rank = rank.map_or(String::new(), |r| format!(", on rank {r}"))
 )]
 pub struct NonFinite {
     pub call: String,
+    /// The rank of a tensor-parallel run it happened on (`None` on one device).
+    pub rank: Option<usize>,
     pub node: String,
     pub op: String,
     pub output: usize,
@@ -62,9 +65,15 @@ pub struct NonFinite {
     pub count: usize,
 }
 
-/// Checks `node`'s outputs for NaN and infinities. `dsa.score` masks the keys after a query's
-/// position with −inf by design, so −inf is allowed there (NaN and +inf are not).
-pub fn check_finite(call: Call, node: &Node, outputs: &[&Tensor]) -> Result<(), NonFinite> {
+/// Checks `node`'s outputs (on `rank` of a tensor-parallel run) for NaN and infinities.
+/// `dsa.score` masks the keys after a query's position with −inf by design, so −inf is allowed
+/// there (NaN and +inf are not).
+pub fn check_finite(
+    call: Call,
+    rank: Option<usize>,
+    node: &Node,
+    outputs: &[&Tensor],
+) -> Result<(), NonFinite> {
     let masks = matches!(node.op, Op::DsaScore { .. });
     for (output, t) in outputs.iter().enumerate() {
         let Data::F32(values) = t.data() else {
@@ -77,6 +86,7 @@ pub fn check_finite(call: Call, node: &Node, outputs: &[&Tensor]) -> Result<(), 
         if count > 0 {
             return Err(NonFinite {
                 call: call_label(call),
+                rank,
                 node: node.name.clone(),
                 op: node.op.name().to_string(),
                 output,
