@@ -59,7 +59,7 @@ pub struct NonFinite {
     /// The rank of a tensor-parallel run it happened on (`None` on one device).
     pub rank: Option<usize>,
     pub node: String,
-    pub op: String,
+    pub op: &'static str,
     pub output: usize,
     pub shape: Vec<usize>,
     pub count: usize,
@@ -88,7 +88,7 @@ pub fn check_finite(
                 call: call_label(call),
                 rank,
                 node: node.name.clone(),
-                op: node.op.name().to_string(),
+                op: node.op.name(),
                 output,
                 shape: t.shape().to_vec(),
                 count,
