@@ -370,30 +370,14 @@ fn check_finite_names_the_first_non_finite_node() {
 /// A healthy `--check-finite` run of the sparse fixture on `device` passes; with a NaN injected
 /// at layer 0's up_proj it must stop there with exit 2.
 fn check_finite_on(device: &str) {
-    let model = fixture("sparse");
-    let args = [
-        "run",
-        model.to_str().unwrap(),
-        "--prompt-ids",
-        PROMPT,
-        "--max-new-tokens",
-        "3",
-        "--check-finite",
-        "--device",
-        device,
-    ];
-    succeeded(&glmc(&args));
     let node = "model.layers.0.mlp.up_proj";
-    let nan = format!("{node}=nan");
-    let out = glmc_env(&args, &[(Fault::ENV, &nan)]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{device}: {stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "node \"{node}\" (matmul, in layer 0) produced 1 non-finite value(s) in output 0"
-        )) && stderr.contains("during prefill@0"),
-        "{device}: {stderr}"
+    let out = stopped_by_check_finite(
+        &["--device", device],
+        &format!("{node}=nan"),
+        &format!("node \"{node}\" (matmul, in layer 0) produced 1 non-finite value(s) in output 0"),
     );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("during prefill@0"), "{device}: {stderr}");
     assert!(out.stdout.is_empty(), "no tokens after the stop");
 }
 
@@ -401,8 +385,19 @@ fn check_finite_on(device: &str) {
 /// went non-finite: a NaN injected into rank 1's shard of layer 0's up_proj.
 #[test]
 fn check_finite_names_the_rank_of_a_tensor_parallel_run() {
+    let node = "model.layers.0.mlp.up_proj";
+    stopped_by_check_finite(
+        &["--tp", "2"],
+        &format!("{node}@1=nan"),
+        &format!("node \"{node}\" (matmul, in layer 0, on rank 1) produced"),
+    );
+}
+
+/// `glmc run` of the sparse fixture with `--check-finite` and `extra` passes; with the fault
+/// `fault` injected it exits 2 saying `named`. The faulty run's output.
+fn stopped_by_check_finite(extra: &[&str], fault: &str, named: &str) -> Output {
     let model = fixture("sparse");
-    let args = [
+    let mut args = vec![
         "run",
         model.to_str().unwrap(),
         "--prompt-ids",
@@ -410,21 +405,14 @@ fn check_finite_names_the_rank_of_a_tensor_parallel_run() {
         "--max-new-tokens",
         "3",
         "--check-finite",
-        "--tp",
-        "2",
     ];
+    args.extend_from_slice(extra);
     succeeded(&glmc(&args));
-    let node = "model.layers.0.mlp.up_proj";
-    let nan = format!("{node}@1=nan");
-    let out = glmc_env(&args, &[(Fault::ENV, &nan)]);
+    let out = glmc_env(&args, &[(Fault::ENV, fault)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "node \"{node}\" (matmul, in layer 0, on rank 1) produced"
-        )),
-        "{stderr}"
-    );
+    assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+    assert!(stderr.contains(named), "{extra:?}: {stderr}");
+    out
 }
 
 /// The GPU's nvidia-smi compute capability as a glmc target: `sm90a` on an H200.
