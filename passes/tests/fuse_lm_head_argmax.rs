@@ -12,9 +12,6 @@ use glmc_ir::{print_module, DType, Module, Op, Value};
 use glmc_models::builder::{build, BuildOptions, LogitRows, Sampler};
 use glmc_passes::fuse_lm_head_argmax::NAME;
 use glmc_passes::AttentionChoice;
-use glmc_runtime::{
-    phase_inputs, prefill_inputs, Interpreter, Sampling, SequenceCache, Tensor, WeightSource,
-};
 use support::{apply, shipped, stages, Weights, Workload};
 
 fn greedy() -> BuildOptions {
@@ -111,53 +108,6 @@ fn tiny_sparse_bf16_greedy_after_the_pass() {
     insta::assert_snapshot!(print_module(&after));
 }
 
-/// Every call's `next_token` of `workload` (prefills one sequence at a time, then the batch's
-/// decode steps), at temperature 0.
-fn tokens(module: &Module, weights: &dyn WeightSource, workload: &Workload) -> Vec<i64> {
-    let prefill = module.function("prefill").unwrap();
-    let decode = module.function("decode").unwrap();
-    let next = |out: Vec<Tensor>, f: &glmc_ir::Function| {
-        let k = f
-            .results
-            .iter()
-            .position(|(n, _)| n == "next_token")
-            .unwrap();
-        out[k].as_i64().unwrap().to_vec()
-    };
-    let mut interp = Interpreter::new();
-    let mut caches = vec![SequenceCache::new(); workload.sequences.len()];
-    let greedy = Sampling::default();
-    let mut got = Vec::new();
-    for (s, cache) in workload.sequences.iter().zip(&mut caches) {
-        let mut pos = 0i64;
-        for chunk in &s.chunks {
-            let n = chunk.len() as i64;
-            let positions: Vec<i64> = (pos..pos + n).collect();
-            let inputs = prefill_inputs(chunk, &positions, &greedy, 0, 0);
-            let out = interp
-                .run(module, prefill, weights, &mut [cache], &inputs)
-                .unwrap();
-            got.extend(next(out, prefill));
-            pos += n;
-        }
-    }
-    for step in 0..workload.sequences[0].decode.len() {
-        let ids: Vec<i64> = workload.sequences.iter().map(|s| s.decode[step]).collect();
-        let positions: Vec<i64> = workload
-            .sequences
-            .iter()
-            .map(|s| (s.prefill_len() + step) as i64)
-            .collect();
-        let mut refs: Vec<&mut SequenceCache> = caches.iter_mut().collect();
-        let inputs = phase_inputs(&ids, &positions, &greedy, 0, ids.len());
-        let out = interp
-            .run(module, decode, weights, &mut refs, &inputs)
-            .unwrap();
-        got.extend(next(out, decode));
-    }
-    got
-}
-
 /// Translation validation on random weights and random prompts (a sequence prefilled at once,
 /// one in two chunks, then decoded together as a batch of two): the fused graph's tokens are
 /// the unfused greedy graph's, which are the sampling build's at temperature 0.
@@ -170,14 +120,18 @@ fn the_fused_graph_picks_the_same_tokens() {
         for seed in 0..3 {
             let weights = Weights::random(&sampling, seed);
             let workload = Workload::random(support::vocab(&sampling), 5, (3, 2), 3, seed);
-            let want = tokens(&sampling, &weights, &workload);
+            let want = support::next_tokens(&sampling, &weights, &workload).unwrap();
             assert_eq!(want.len(), 3 + 3 * 2);
             assert_eq!(
-                tokens(&unfused, &weights, &workload),
+                support::next_tokens(&unfused, &weights, &workload).unwrap(),
                 want,
                 "{dtype} {seed}"
             );
-            assert_eq!(tokens(&fused, &weights, &workload), want, "{dtype} {seed}");
+            assert_eq!(
+                support::next_tokens(&fused, &weights, &workload).unwrap(),
+                want,
+                "{dtype} {seed}"
+            );
         }
     }
 }

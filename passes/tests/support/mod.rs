@@ -453,11 +453,52 @@ fn run_on(
     workload: &Workload,
     trace: &mut TraceFn<'_>,
 ) -> Result<Rows, InterpError> {
+    let mut rows = Vec::new();
+    each_call(interp, module, weights, workload, trace, &mut |_, out| {
+        push_rows(&mut rows, &out[0])
+    })?;
+    Ok(rows)
+}
+
+/// Every call's `next_token` ids of `workload` (greedy), on the reference interpreter: each
+/// sequence's prefill chunks in order, then each decode step's ids (one per sequence).
+pub fn next_tokens(
+    module: &Module,
+    weights: &dyn WeightSource,
+    workload: &Workload,
+) -> Result<Vec<i64>, InterpError> {
+    let mut ids = Vec::new();
+    each_call(
+        &mut Interpreter::new(),
+        module,
+        weights,
+        workload,
+        &mut |_, _| {},
+        &mut |f, out| {
+            let k = f
+                .results
+                .iter()
+                .position(|(n, _)| n == "next_token")
+                .expect("a next_token result");
+            ids.extend_from_slice(out[k].as_i64().expect("i64 tokens"));
+        },
+    )?;
+    Ok(ids)
+}
+
+/// Runs `workload` (greedy: its prefills one sequence and chunk at a time, then its decode
+/// steps as one batch) and hands each call's function and results to `on_call`.
+fn each_call(
+    interp: &mut Interpreter,
+    module: &Module,
+    weights: &dyn WeightSource,
+    workload: &Workload,
+    trace: &mut TraceFn<'_>,
+    on_call: &mut dyn FnMut(&glmc_ir::Function, Vec<Tensor>),
+) -> Result<(), InterpError> {
     let prefill = module.function("prefill").expect("a prefill function");
     let decode = module.function("decode").expect("a decode function");
     let mut caches: Vec<SequenceCache> = vec![SequenceCache::new(); workload.sequences.len()];
-    let mut rows = Vec::new();
-    // Greedy: the logits are compared, `next_token` only has to run.
     let greedy = Sampling::default();
     for (s, cache) in workload.sequences.iter().zip(&mut caches) {
         let mut pos = 0i64;
@@ -465,8 +506,10 @@ fn run_on(
             let n = chunk.len() as i64;
             let positions: Vec<i64> = (pos..pos + n).collect();
             let inputs = prefill_inputs(chunk, &positions, &greedy, 0, 0);
-            let out = interp.run_traced(module, prefill, weights, &mut [cache], &inputs, trace)?;
-            push_rows(&mut rows, &out[0]);
+            on_call(
+                prefill,
+                interp.run_traced(module, prefill, weights, &mut [cache], &inputs, trace)?,
+            );
             pos += n;
         }
     }
@@ -484,10 +527,12 @@ fn run_on(
             .collect();
         let mut refs: Vec<&mut SequenceCache> = caches.iter_mut().collect();
         let inputs = phase_inputs(&ids, &positions, &greedy, 0, ids.len());
-        let out = interp.run_traced(module, decode, weights, &mut refs, &inputs, trace)?;
-        push_rows(&mut rows, &out[0]);
+        on_call(
+            decode,
+            interp.run_traced(module, decode, weights, &mut refs, &inputs, trace)?,
+        );
     }
-    Ok(rows)
+    Ok(())
 }
 
 fn push_rows(rows: &mut Rows, logits: &Tensor) {
