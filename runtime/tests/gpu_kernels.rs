@@ -1946,10 +1946,10 @@ fn attention_close(gpu: &[f64], reference: &[f64], dv: usize) -> Result<f64, Str
 /// Dense expanded `mla.attend` at GLM-5's sizes (64 heads, 192 + 64 query dims, 256 value dims,
 /// scale 1/16, bf16) as a dense prefill lowers it: a 4096-token prefill, chunked prefills of 512
 /// tokens after 3584 and after 15872 cached, and small odd sizes (one token; rows and caches that
-/// are no multiple of the 64-row tiles). The flash kernel is checked against the baseline kernel on the GPU on
-/// every row (the baseline runs when the inputs are f32: the same values, in a dtype the flash
-/// kernel does not take) and against the interpreter on sampled rows (it is f64 and slow). Timed
-/// over 20 runs with the causal FLOPs; written to `prefill_attention.md`.
+/// are no multiple of the 64-row tiles). The flash kernel is checked against the baseline kernel
+/// on the GPU on every row (the baseline runs when the inputs are f32: the same values, in a
+/// dtype the flash kernel does not take) and against the interpreter on sampled rows (it is f64
+/// and slow). Timed over 20 runs with the causal FLOPs; written to `prefill_attention.md`.
 #[test]
 #[ignore = "gpu"]
 fn glm5_prefill_attention_matches_and_is_timed() {
