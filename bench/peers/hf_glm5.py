@@ -11,8 +11,11 @@ The model is built from glmc's model.ron (its dimensions, bf16) with random weig
 distribution glmc's `--random-weights` uses: a matrix uniform with std 1/sqrt(fan_in), a norm
 weight 1 +- 0.05, a bias +- 0.01 (not the same values: a different generator). A context is
 stated as glmc states it: the caches are filled with random rows, no prefill; each sequence of
-a batch has its own rows and its own random token. Every timed step decodes the token at
-position context-1 and then the caches are cut back, so each step does the same work.
+a batch has its own rows and its own random token. Both caches of a layer are filled: the
+attention's K/V and the DSA indexer's keys (transformers' `update_indexer`). Every timed step
+decodes the token at position context-1, attending over context-1 cached rows plus its own
+(checked before and after timing: a wrong fill fails the mode instead of timing other work);
+then the caches are cut back outside the timed region, so each step does the same work.
 
 Modes: `eager` (no torch.compile), and torch.compile with `max-autotune-no-cudagraphs` over a
 DynamicCache, or `reduce-overhead` (CUDA graphs) over a StaticCache. Each mode runs in its own
@@ -135,36 +138,76 @@ def randomise(model, torch, generator):
 
 class Caches:
     """Random cache rows for `batch` sequences at `context` (context-1 rows cached), and the
-    way back to that state after each step."""
+    way back to that state after each step.
+
+    transformers 5.x keeps two caches per layer in the Cache object: the expanded per-head K/V
+    (`update`) and the DSA indexer's keys (`update_indexer`, [batch, rows, index_head_dim]). Both
+    are filled here with `context` random rows and then cut back to context-1 by `reset`, the
+    same way as after every step, so the first step already sees the tensors (and strides) that
+    every later step sees. A DynamicCache is cut back with `crop`; a StaticCache (CUDA graphs:
+    fixed shapes and addresses, `context` rows long) writes each step at its fill counters,
+    which `reset` sets back in place, so every step rewrites row context-1."""
 
     def __init__(self, torch, transformers, model, config, mode, batch, context, device, generator):
-        self.torch, self.model, self.context = torch, model, context
+        self.torch, self.context, self.cached = torch, context, context - 1
+        self.layers = config.num_hidden_layers
         heads = config.num_attention_heads
         kdim = config.qk_nope_head_dim + config.qk_rope_head_dim
-        cached = context - 1
         dtype = torch.bfloat16 if device != "cpu" else torch.float32
         rows = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, generator=generator)
         if mode == "reduce-overhead":
-            # CUDA graphs need fixed shapes: a static cache one row longer than the context.
             self.cache = transformers.StaticCache(config=config, max_cache_len=context)
-            for layer in range(config.num_hidden_layers):
-                k, v = rows(batch, heads, cached, kdim), rows(batch, heads, cached, config.v_head_dim)
-                self.cache.update(k, v, layer, {"cache_position": torch.arange(cached, device=device)})
         else:
             self.cache = transformers.DynamicCache(config=config)
-            for layer in range(config.num_hidden_layers):
-                k, v = rows(batch, heads, cached, kdim), rows(batch, heads, cached, config.v_head_dim)
-                self.cache.update(k, v, layer)
-        # The indexer keeps its own keys, outside the cache, and scores as many as the
-        # attention sees.
-        self.index_keys = [rows(batch, cached, config.index_head_dim) for _ in range(config.num_hidden_layers)]
+        self.static = isinstance(self.cache, transformers.StaticCache)
+        if len(self.cache.layers) != self.layers or not all(hasattr(l, "update_indexer") for l in self.cache.layers):
+            raise RuntimeError(
+                f"{type(self.cache).__name__}(config) has no indexer key cache per layer "
+                f"({[type(l).__name__ for l in self.cache.layers]}): this script needs transformers' "
+                "DynamicIndexedLayer / StaticIndexedLayer (transformers >= 5.17)")
+        for layer in range(self.layers):
+            k, v = rows(batch, heads, context, kdim), rows(batch, heads, context, config.v_head_dim)
+            self.cache.update(k, v, layer)
+            self.cache.update_indexer(rows(batch, context, config.index_head_dim), layer)
+        self.check(context, "after the fill")
         self.reset()
+        self.check(self.cached, "after the first reset")
+
+    def lengths(self):
+        """(K/V rows, indexer key rows) each layer holds; a step attends over these."""
+        out = []
+        for i, layer in enumerate(self.cache.layers):
+            kv = int(self.cache.get_seq_length(i))
+            if self.static:
+                index = int(layer.indexer_cumulative_length)
+            else:
+                index = layer.indexer_keys.shape[1] if layer.indexer_keys is not None else 0
+            out.append((kv, index))
+        return out
+
+    def check(self, rows, when):
+        """Fails loudly unless every layer's K/V and indexer caches hold `rows` rows (and, for a
+        StaticCache, are `context` rows long, so the step's mask covers exactly those)."""
+        got = self.lengths()
+        if got != [(rows, rows)] * self.layers:
+            raise AssertionError(f"{when}: the caches hold (K/V rows, indexer rows) {got} per layer, "
+                                 f"not {rows} each (context {self.context})")
+        if self.static:
+            sizes = [(l.keys.shape[2], l.indexer_keys.shape[1]) for l in self.cache.layers]
+            if sizes != [(self.context, self.context)] * self.layers:
+                raise AssertionError(f"{when}: static caches of {sizes} rows, not {self.context}")
 
     def reset(self):
-        if hasattr(self.cache, "crop"):
-            self.cache.crop(self.context - 1)
-        for layer, keys in zip(self.model.model.layers, self.index_keys):
-            layer.self_attn.indexer._cached_keys = keys
+        """Back to context-1 cached rows in both caches of every layer."""
+        if self.static:
+            for layer in self.cache.layers:
+                # In place: CUDA graphs read these counters at fixed addresses.
+                layer.cumulative_length.fill_(self.cached)
+                layer.indexer_cumulative_length.fill_(self.cached)
+        else:
+            extra = int(self.cache.get_seq_length()) - self.cached
+            if extra > 0:
+                self.cache.crop(-extra)  # a negative count: the rows to remove, K/V and indexer keys
 
 
 def run_mode(args):
@@ -209,22 +252,36 @@ def run_mode(args):
             ids = torch.randint(0, config.vocab_size, (batch, 1), device=device, generator=generator)
             positions = torch.full((batch, 1), context - 1, device=device, dtype=torch.long)
 
+            mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+
             def step():
+                """One decode step (the forward and its synchronisation), its seconds; the caches
+                then hold `context` rows until `caches.reset()`."""
+                if args.mode == "reduce-overhead" and mark_step is not None:
+                    mark_step()
+                t = time.time()
                 with torch.no_grad():
                     forward(input_ids=ids, position_ids=positions, past_key_values=caches.cache, use_cache=True, logits_to_keep=1)
                 sync()
-                caches.reset()
+                return time.time() - t
 
             first = time.time()
             step()
             point["first_call_s"] = time.time() - first
+            # The step must have attended over context-1 cached rows plus its own: else it timed other work.
+            caches.check(context, "after the first step")
+            caches.reset()
+            caches.check(context - 1, "after a step's reset")
             for _ in range(args.warmup):
                 step()
+                caches.check(context, "after a warm-up step")
+                caches.reset()
             times = []
-            for _ in range(args.steps):
-                t = time.time()
-                step()
-                times.append(time.time() - t)
+            for i in range(args.steps):
+                times.append(step())
+                if i == args.steps - 1:
+                    caches.check(context, "after the last timed step")
+                caches.reset()
             point["step_s"] = stats(times)
             point["tokens_per_s"] = batch / point["step_s"]["median"]
             point["compile_s"] = max(point["first_call_s"] - point["step_s"]["median"], 0.0) if args.mode != "eager" else None

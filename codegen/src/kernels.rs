@@ -1634,6 +1634,10 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
     Ok(Lowering::Launch(planned))
 }
 
+/// At most how many values of the bin holding the k-th best score `dsa.topk` refines in shared
+/// memory rather than in the row (its template says why).
+const TOPK_CANDIDATES: u64 = 16384;
+
 fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
     let (out, scores, positions) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     if scores.dtype != DType::F32 || out.dtype != DType::I64 {
@@ -1644,20 +1648,17 @@ fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
     positions_ok(positions)?;
     let (rows, scores_row) = plain_rows(scores, 1, "the scores")?;
     let (_, out_row) = plain_rows(out, 1, "the result")?;
-    if k == 0 || k > u32::MAX as u64 {
+    if k == 0 || k > i32::MAX as u64 {
         return Err(format!("k = {k}"));
     }
-    let pow2 = k.next_power_of_two();
-    let shared = pow2 * 8 + 256 * 4 + 32 * 4 + 12;
-    if shared > STATIC_SHARED_LIMIT {
-        return Err(format!(
-            "top-{k} sorts {pow2} keys in {shared} bytes of shared memory (at most {STATIC_SHARED_LIMIT})"
-        ));
-    }
+    // 4096 histogram bins and the candidates, 4 bytes each; a row never holds more candidates
+    // than keys, so a short context needs less.
+    let cap = TOPK_CANDIDATES.min(cx.max_context.max(1));
+    let shared = (4096 + cap) * 4;
     let b = Builder::new("dsa_topk", 1024)
         .param("k", k)
-        .param("pow2", pow2)
-        .shared(shared as u32, false);
+        .param("cap", cap)
+        .shared(shared as u32, true);
     let args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),

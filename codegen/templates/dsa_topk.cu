@@ -1,25 +1,102 @@
-// dsa.topk: the {{ k }} best of the keys j ≤ position in each row of scores, best first (higher
-// score, then lower index), −1 padded; a row with at most {{ k }} keys gets them all in ascending
-// order. One block of 1024 threads per row:
-// 1. radix select on the order-preserving u32 of each score, 8 bits a pass (4 passes over the
-//    row, a 256-bin shared histogram each, the bin of the k-th best found by a parallel scan),
-//    finds the k-th best value T and how many of the keys equal to T make the cut;
-// 2. one pass gathers the keys above T, then the first of those equal to T in index order
-//    (ranked by warp ballots), into shared memory;
-// 3. a bitonic sort of {{ pow2 }} 64-bit keys (score, ~index) in shared memory orders them.
-// Ties: keys of equal score are ranked by lower index, both where T is cut (the first of the
-// keys equal to T in index order make it) and in the sort (the low word is ~index), as the
-// interpreter's `dsa.topk` does; −0.0 and +0.0 are one value there too (the order maps both to
-// the bits of +0.0).
-// Work per row: O(4·t/1024 + k·log²k/1024) steps, so 32k keys and k = 2048 stay in the
-// microseconds: each pass reads the row once (128 KiB at 32k keys, from L2 after the first), a
-// warp adds to each histogram bin it hits once (keys of a row crowd into few bins; with one
-// shared atomic per key, one 32k row took 79 µs on an H200), and the
-// bin search is a scan of 8 warps, not up to 256 dependent shared-memory reads of one thread
-// while the other 1023 wait. Shared memory is {{ pow2 }} × 8 bytes + 1 KiB histogram (SM120 allows 99 KiB).
+// dsa.topk: the {{ k }} best of the keys j ≤ position in each row of scores, in ascending key
+// order, −1 padded; a row with at most {{ k }} keys gets them all. "Best" is the higher score, then
+// the lower index, as the interpreter's `dsa.topk` ranks them; −0.0 and +0.0 are one value (the
+// order maps both to the bits of +0.0). The result is a set, so it is written in key order: no
+// sort, and the sparse attention that reads it gathers cache rows in address order.
+// One block of 1024 threads per row, on the order-preserving u32 of each score:
+// 1. radix select from the top: a pass counts the row's values in 2^12, then 2^10 bins of the
+//    next bits below those already fixed (a warp adds to each bin it hits once: the keys of a
+//    row crowd into few bins) and a block scan finds the bin of the k-th best. Once that bin
+//    holds at most {{ cap }} values, they are copied to shared memory and the remaining bits are
+//    fixed there, not in the row. This gives the k-th best value T and how many of the keys
+//    equal to T make the cut (`ties`);
+// 2. one ordered pass writes the keys above T and the first `ties` keys equal to T: a block
+//    scan of (above, equal) counts over chunks of 4096 keys places each key at its rank, and
+//    the pass ends as soon as k keys are written.
+// So a row is read two to four times (from L2 after the first), where a select and a bitonic sort
+// of the k best read it six times and synchronised 66 times for the sort (one 32k row: 85 µs).
+// Dynamic shared memory: 4096 bins + {{ cap }} candidates, 4 bytes each, within SM120's 99 KiB.
 __device__ __forceinline__ unsigned {{ name }}_order(float f) {
     const unsigned u = f == 0.f ? 0u : __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+// The exclusive prefix sum of v over the block, in thread order; `total` gets the sum of all.
+__device__ __forceinline__ unsigned {{ name }}_scan(unsigned v, unsigned* warp_sums, unsigned& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned inclusive = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned n = __shfl_up_sync(0xffffffffu, inclusive, o);
+        if (lane >= o) inclusive += n;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned w = warp_sums[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned n = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += n;
+        }
+        warp_sums[lane] = w;
+    }
+    __syncthreads();
+    const unsigned before = (warp ? warp_sums[warp - 1] : 0u) + inclusive - v;
+    total = warp_sums[31];
+    __syncthreads();
+    return before;
+}
+
+// One radix pass: among the n values get(j) whose bits above shift + width equal prefix's, counts
+// each value's `width` bits at `shift`, then moves prefix and want to the bin of the want-th
+// largest and returns how many values that bin holds.
+template <class Get>
+__device__ __forceinline__ unsigned {{ name }}_pass(
+    Get get, i64 n, int shift, int width, unsigned& prefix, unsigned& want,
+    unsigned* hist, unsigned* warp_sums, unsigned* found)
+{
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int bins = 1 << width, per = (bins + 1023) / 1024;
+    for (int i = tid; i < bins; i += 1024) hist[i] = 0u;
+    __syncthreads();
+    const int top = shift + width;
+    const unsigned high = top >= 32 ? 0u : ~0u << top;
+    for (i64 j0 = 0; j0 < n; j0 += 1024) {
+        const i64 j = j0 + tid;
+        const unsigned u = j < n ? get(j) : 0u;
+        const bool counted = j < n && (u & high) == (prefix & high);
+        const unsigned bin = counted ? (u >> shift) & (unsigned)(bins - 1) : 0xffffffffu;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (counted && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+    }
+    __syncthreads();
+    // Thread t owns the bins t·per … t·per + per − 1 counted from the top, so the scan in thread
+    // order counts the values in better bins.
+    unsigned mine = 0u;
+    for (int q = 0; q < per; ++q) {
+        const int b = bins - 1 - (tid * per + q);
+        if (b >= 0) mine += hist[b];
+    }
+    unsigned total;
+    unsigned better = {{ name }}_scan(mine, warp_sums, total);
+    if (better < want && better + mine >= want) {
+        for (int q = 0; q < per; ++q) {
+            const int b = bins - 1 - (tid * per + q);
+            const unsigned c = hist[b];
+            if (better + c >= want) {
+                found[0] = prefix | ((unsigned)b << shift);
+                found[1] = want - better;
+                found[2] = c;
+                break;
+            }
+            better += c;
+        }
+    }
+    __syncthreads();
+    prefix = found[0];
+    want = found[1];
+    return found[2];
 }
 
 extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
@@ -27,118 +104,92 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
     const float* __restrict__ scores, i64 scores_row,
     const i64* __restrict__ positions, i64 rows)
 {
-    constexpr int K = {{ k }}, P2 = {{ pow2 }}, T = 1024;
-    __shared__ unsigned long long keys[P2];
-    __shared__ unsigned hist[256];
-    __shared__ unsigned warp_counts[32];
-    __shared__ unsigned prefix_s, want_s, taken_s;
+    constexpr int K = {{ k }}, CAP = {{ cap }}, CHUNK = 4;
+    unsigned* const hist = reinterpret_cast<unsigned*>(dynamic_smem);
+    unsigned* const cand = hist + 4096;
+    __shared__ unsigned warp_sums[32];
+    __shared__ unsigned found[3];
+    __shared__ unsigned taken_s;
     const i64 row = blockIdx.x;
     if (row >= rows) return;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31;
     const i64 valid = positions[row] + 1;
     const float* s = scores + row * scores_row;
     i64* o = out + row * out_row;
     if (valid <= K) {
-        for (int i = tid; i < K; i += T) o[i] = i < valid ? i : -1;
+        for (int i = tid; i < K; i += 1024) o[i] = i < valid ? i : -1;
         return;
     }
 
-    // 1. The k-th best value, one byte at a time from the top.
+    // 1. The k-th best value T.
+    const auto in_row = [s](i64 j) { return {{ name }}_order(s[j]); };
+    const auto in_shared = [cand](i64 j) { return cand[j]; };
     unsigned prefix = 0u, want = K;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += T) hist[i] = 0u;
-        __syncthreads();
-        const unsigned high = shift == 24 ? 0u : ~0u << (shift + 8);
-        // Scores of one row share their high bytes (the first pass sees a handful of exponents),
-        // so one atomic per key would serialise on a few bins: the lanes of a warp that hit one
-        // bin add their count once (256 stands for "not counted").
-        for (i64 j0 = 0; j0 < valid; j0 += T) {
-            const i64 j = j0 + tid;
-            const unsigned u = j < valid ? {{ name }}_order(s[j]) : 0u;
-            const bool counted = j < valid && (u & high) == (prefix & high);
-            const unsigned bin = counted ? (u >> shift) & 255u : 256u;
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (counted && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-        }
-        __syncthreads();
-        // The bin holding the want-th best: thread i takes bin 255 − i, and a scan over the 8
-        // warps counts the keys in better bins; one thread finds want among its own.
-        unsigned count = 0u, better = 0u;
-        if (tid < 256) {
-            count = hist[255 - tid];
-            better = count;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned n = __shfl_up_sync(0xffffffffu, better, o);
-                if (lane >= o) better += n;
-            }
-            if (lane == 31) warp_counts[warp] = better;
-            better -= count;
-        }
-        __syncthreads();
-        if (tid < 256) {
-            for (int w = 0; w < warp; ++w) better += warp_counts[w];
-            if (better < want && better + count >= want) {
-                prefix_s = prefix | ((unsigned)(255 - tid) << shift);
-                want_s = want - better;
-            }
-        }
-        __syncthreads();
-        prefix = prefix_s;
-        want = want_s;
-    }
-    const unsigned threshold = prefix;
-    const unsigned ties = want;
-
-    // 2. Keys above the threshold in any order; ties in index order until `ties` are taken.
-    if (tid == 0) taken_s = 0u;
-    __syncthreads();
-    for (i64 j0 = 0; j0 < valid; j0 += T) {
-        const i64 j = j0 + tid;
-        const unsigned u = j < valid ? {{ name }}_order(s[j]) : 0u;
-        const bool take = j < valid && u > threshold;
-        // One atomic per warp for its keys above T, each lane's slot its rank among them.
-        const unsigned ballot = __ballot_sync(0xffffffffu, take);
-        unsigned base = 0u;
-        if (lane == 0 && ballot) base = atomicAdd(&taken_s, (unsigned)__popc(ballot));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        if (take) keys[base + __popc(ballot & ((1u << lane) - 1u))] = ((unsigned long long)u << 32) | ~(unsigned)j;
-    }
-    __syncthreads();
-    const unsigned above = taken_s;
-    unsigned tie_base = 0u;
-    for (i64 j0 = 0; j0 < valid && tie_base < ties; j0 += T) {
-        const i64 j = j0 + tid;
-        const bool tie = j < valid && {{ name }}_order(s[j]) == threshold;
-        const unsigned ballot = __ballot_sync(0xffffffffu, tie);
-        if (lane == 0) warp_counts[warp] = __popc(ballot);
-        __syncthreads();
-        unsigned before = tie_base, total = 0u;
-        for (int w = 0; w < 32; ++w) {
-            if (w < warp) before += warp_counts[w];
-            total += warp_counts[w];
-        }
-        const unsigned rank = before + __popc(ballot & ((1u << lane) - 1u));
-        if (tie && rank < ties) keys[above + rank] = ((unsigned long long)threshold << 32) | ~(unsigned)j;
-        tie_base += total;
-        __syncthreads();
-    }
-    for (int i = K + tid; i < P2; i += T) keys[i] = 0ull;
-    __syncthreads();
-
-    // 3. Bitonic sort, descending.
-    for (int size = 2; size <= P2; size <<= 1) {
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = tid; i < P2; i += T) {
-                const int partner = i ^ stride;
-                if (partner > i) {
-                    const bool descending = (i & size) == 0;
-                    const unsigned long long a = keys[i], b = keys[partner];
-                    if ((a < b) == descending) { keys[i] = b; keys[partner] = a; }
-                }
+    int shift = 32;
+    bool copied = false;
+    unsigned copies = 0u;
+    for (int width = 12; shift > 0; width = 10) {
+        width = min(width, shift);
+        shift -= width;
+        const unsigned in_bin = {{ name }}_pass(in_row, valid, shift, width, prefix, want, hist, warp_sums, found);
+        if (shift > 0 && in_bin <= CAP) {
+            if (tid == 0) taken_s = 0u;
+            __syncthreads();
+            const unsigned high = ~0u << shift;
+            for (i64 j0 = 0; j0 < valid; j0 += 1024) {
+                const i64 j = j0 + tid;
+                const unsigned u = j < valid ? in_row(j) : 0u;
+                const bool take = j < valid && (u & high) == prefix;
+                const unsigned ballot = __ballot_sync(0xffffffffu, take);
+                unsigned base = 0u;
+                if (lane == 0 && ballot) base = atomicAdd(&taken_s, (unsigned)__popc(ballot));
+                base = __shfl_sync(0xffffffffu, base, 0);
+                if (take) cand[base + __popc(ballot & ((1u << lane) - 1u))] = u;
             }
             __syncthreads();
+            copies = in_bin;
+            copied = true;
+            break;
         }
     }
-    for (int i = tid; i < K; i += T) o[i] = (i64)~(unsigned)(keys[i] & 0xffffffffull);
+    if (copied) {
+        while (shift > 0) {
+            const int width = min(12, shift);
+            shift -= width;
+            {{ name }}_pass(in_shared, copies, shift, width, prefix, want, hist, warp_sums, found);
+        }
+    }
+    const unsigned threshold = prefix, ties = want;
+
+    // 2. The keys above T and the first `ties` keys equal to T, each at its rank in key order.
+    unsigned above_before = 0u, equal_before = 0u;
+    for (i64 c0 = 0; c0 < valid; c0 += 1024 * CHUNK) {
+        unsigned u[CHUNK], above = 0u, equal = 0u;
+#pragma unroll
+        for (int v = 0; v < CHUNK; ++v) {
+            const i64 j = c0 + (i64)tid * CHUNK + v;
+            u[v] = j < valid ? in_row(j) : 0u;
+            above += j < valid && u[v] > threshold;
+            equal += j < valid && u[v] == threshold;
+        }
+        // Both counts of a chunk are at most 4096, so they share one scan in two half-words.
+        unsigned total;
+        const unsigned before = {{ name }}_scan(above | equal << 16, warp_sums, total);
+        unsigned a = above_before + (before & 0xffffu), e = equal_before + (before >> 16);
+#pragma unroll
+        for (int v = 0; v < CHUNK; ++v) {
+            const i64 j = c0 + (i64)tid * CHUNK + v;
+            if (j >= valid) break;
+            if (u[v] > threshold) {
+                o[a + min(e, ties)] = j;
+                ++a;
+            } else if (u[v] == threshold) {
+                if (e < ties) o[a + e] = j;
+                ++e;
+            }
+        }
+        above_before += total & 0xffffu;
+        equal_before += total >> 16;
+        if (above_before + min(equal_before, ties) >= (unsigned)K) break;
+    }
 }

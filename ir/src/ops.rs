@@ -181,8 +181,10 @@ ops! {
     /// DSA indexer scores `Σ_h w[n,h] · relu(q[n,h]·k[t])`: `q [n,Hi,D]`, `w [n,Hi]`,
     /// `k [(b,)t,D]`, `positions [n]` → `f32 [n,t]`, `−inf` where `t > position`.
     DsaScore "dsa.score" [Arity::Exact(4)] {}
-    /// The `k` best keys per row of `scores [n,t]` among `t ≤ position` → `i64 [n,k]`, padded
-    /// with −1 when a row has fewer than `k` keys.
+    /// The `k` best keys per row of `scores [n,t]` among `t ≤ position` (higher score, then lower
+    /// index) → `i64 [n,k]` in ascending key order, padded with −1 when a row has fewer than `k`
+    /// keys. A set, not a ranking: attention over it does not depend on the order, and key order
+    /// spares the kernel a sort and gathers cache rows in address order.
     DsaTopk "dsa.topk" [Arity::Exact(2)] { k: u64 }
     /// Sigmoid router: `logits f32 [n,E]`, `bias [E]` (selection only) → `weights f32 [n,k]`,
     /// `experts i64 [n,k]`. Groups of `E/n_group` experts, scored by the sum of their two best,

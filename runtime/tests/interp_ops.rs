@@ -303,7 +303,7 @@ fn dsa_score_by_hand() {
 fn dsa_topk_pads_limits_causally_and_breaks_ties_low() {
     let scores = vec![
         9.0, 9.0, 9.0, 9.0, 9.0, // row 0 at position 1: two keys ≤ k = 3 → [0, 1, -1]
-        0.5, 2.0, 2.0, -1.0, 3.0, // row 1 at position 4: 4, then the tie 1 before 2
+        2.0, 0.5, 2.0, 2.0, 3.0, // row 1 at position 4: 4, then 0 and 2 of the tied 0, 2, 3
         1.0, 1.0, 1.0, 0.0, 100.0, // row 2 at position 3: 100 at j = 4 is in the future
         -5.0, 0.0, 0.0, 0.0, 0.0, // row 3 at position 2: exactly k keys → ascending
     ];
@@ -315,7 +315,7 @@ fn dsa_topk_pads_limits_causally_and_breaks_ties_low() {
         ],
     );
     assert_eq!(out[0].shape(), [4, 3]);
-    assert_eq!(iv(&out[0]), [0, 1, -1, 4, 1, 2, 0, 1, 2, 0, 1, 2]);
+    assert_eq!(iv(&out[0]), [0, 1, -1, 0, 2, 4, 0, 1, 2, 0, 1, 2]);
 }
 
 fn sigmoid(x: f64) -> f64 {

@@ -235,6 +235,12 @@ impl CudaExecutor {
                 .ok_or_else(|| artifact_error(format!("the manifest has no `{name}` phase")))
         };
         let (prefill, decode) = (phase("prefill")?, phase("decode")?);
+        // cudarc frees device memory asynchronously into the stream's pool, which hands it
+        // back to the driver only at a synchronisation: without one, the memory of an executor
+        // dropped just before (glmc bench's sparse run before its dense one) still reads as used.
+        gpu.ctx
+            .synchronize()
+            .map_err(driver("synchronising before reading the free GPU memory"))?;
         let (free, _total) = gpu
             .ctx
             .mem_get_info()

@@ -313,8 +313,8 @@ pub(super) fn dsa_score(
     make(vec![n, t], out)
 }
 
-/// Per row, the `k` best keys among `j ≤ positions[i]`: by descending score, ties to the lower
-/// index. A row with at most `k` keys gets all of them in ascending order, padded with −1.
+/// Per row, the `k` best keys among `j ≤ positions[i]` (higher score, ties to the lower index),
+/// in ascending key order; a row with at most `k` keys gets all of them, padded with −1.
 pub(super) fn dsa_topk(scores: &Tensor, positions: &[usize], k: usize) -> KResult<Tensor> {
     let sd = f32s(scores, "scores")?;
     let s = scores.shape();
@@ -352,7 +352,7 @@ pub(super) fn dsa_topk(scores: &Tensor, positions: &[usize], k: usize) -> KResul
                 let mut idx: Vec<usize> = (0..valid).collect();
                 idx.select_nth_unstable_by(k - 1, better);
                 idx.truncate(k);
-                idx.sort_unstable_by(better);
+                idx.sort_unstable();
                 idx.into_iter().map(|j| j as i64).collect()
             };
             picked.resize(k, -1);
