@@ -199,6 +199,8 @@ def overhead_section(docs):
     for phase in ("prefill", "decode"):
         for a, p in glmc_points(docs, phase):
             step = p["step_s"]["median"]
+            # Runs before CUDA graphs (and prefill, which has none) have no graph step.
+            graph = (p.get("graph_step_s") or {}).get("median")
             rows.append(
                 [
                     a,
@@ -211,6 +213,8 @@ def overhead_section(docs):
                     ms(p["sum_kernels_s"]),
                     ms(p["launch_overhead_s"]),
                     pct(p["launch_overhead_s"] / step if step else None),
+                    ms(graph),
+                    pct((step - graph) / step if graph is not None and step else None),
                 ]
             )
     if not rows:
@@ -220,10 +224,12 @@ def overhead_section(docs):
         "## Launch overhead",
         "",
         "The step's wall time against the sum of its kernels' times (each between CUDA events of its",
-        "own): the difference is launch overhead and the gaps between kernels.",
+        "own): the difference is launch overhead and the gaps between kernels. A decode step also",
+        "runs replayed from its CUDA graph, as `glmc run` runs it: its wall time, and how much of the",
+        "step launched kernel by kernel that saves.",
         "",
     ] + table(
-        ["attention", "phase", "rows", "context", "launches", "step ms", "GPU events ms", "sum of kernels ms", "overhead ms", "overhead"],
+        ["attention", "phase", "rows", "context", "launches", "step ms", "GPU events ms", "sum of kernels ms", "overhead ms", "overhead", "CUDA graph step ms", "graph saves"],
         rows,
     )
 

@@ -50,7 +50,10 @@ class RenderTest(unittest.TestCase):
     def test_launch_overhead_is_step_minus_sum_of_kernels(self):
         row = next(l for l in self.text.splitlines() if l.startswith("| dense | decode | 1 | 1024 |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
-        self.assertEqual(cells[4:], ["9", "2.100", "2.037", "0.566", "1.534", "73.0%"])
+        self.assertEqual(cells[4:], ["9", "2.100", "2.037", "0.566", "1.534", "73.0%", "1.680", "20.0%"])
+        # Prefill has no CUDA graph.
+        row = next(l for l in self.text.splitlines() if l.startswith("| sparse | prefill |"))
+        self.assertTrue(row.endswith("| — | — |"))
 
     def test_per_kernel_tables_fold_layers_and_sort_by_time(self):
         lines = self.text.splitlines()

@@ -27,7 +27,7 @@ use glmc_ir::{Function, Op};
 use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::plan_memory::{decode_bindings, prefill_bindings, Bindings};
-use glmc_runtime::cuda::{ceiling, random_fill, CallTiming, CudaError, CudaExecutor, Gpu};
+use glmc_runtime::cuda::{ceiling, random_fill, CallTiming, CudaError, CudaExecutor, Gpu, Timing};
 use glmc_runtime::{
     phase_inputs, prefill_inputs, Checkpoint, PhaseKind, RandomWeights, Sampling, Tensor,
 };
@@ -406,6 +406,8 @@ fn token_ids(seed: u64, key: u64, n: u64, vocab: u64) -> Vec<i64> {
 struct Measured {
     plain: Vec<CallTiming>,
     per_launch: Vec<CallTiming>,
+    /// Decode only: the step replayed from its CUDA graph, as `glmc run` runs it.
+    graph: Vec<CallTiming>,
 }
 
 fn measure(
@@ -415,16 +417,26 @@ fn measure(
     warmup: u64,
     steps: u64,
 ) -> anyhow::Result<Measured> {
-    for _ in 0..warmup {
-        exec.time(kind, inputs, false)?;
-    }
-    let plain = (0..steps)
-        .map(|_| exec.time(kind, inputs, false))
-        .collect::<Result<Vec<_>, _>>()?;
-    let per_launch = (0..KERNEL_STEPS)
-        .map(|_| exec.time(kind, inputs, true))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Measured { plain, per_launch })
+    let mut timed = |timing: Timing, n: u64| {
+        for _ in 0..warmup {
+            exec.time(kind, inputs, timing)?;
+        }
+        (0..n)
+            .map(|_| exec.time(kind, inputs, timing))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let plain = timed(Timing::Step, steps)?;
+    let per_launch = timed(Timing::PerLaunch, KERNEL_STEPS)?;
+    // The first replay of a size captures its graph: the warm-up takes it.
+    let graph = match kind {
+        PhaseKind::Decode => timed(Timing::Graph, steps)?,
+        PhaseKind::Prefill => Vec::new(),
+    };
+    Ok(Measured {
+        plain,
+        per_launch,
+        graph,
+    })
 }
 
 /// Median, min, mean and max of `xs` (not empty).
@@ -573,6 +585,8 @@ fn point_json(
         "launches": launches,
         "sum_kernels_s": sum_kernels,
         "launch_overhead_s": step_median - sum_kernels,
+        "graph_step_s": (!m.graph.is_empty())
+            .then(|| stats(&m.graph.iter().map(|c| c.host_seconds).collect::<Vec<_>>())),
         "bytes": total.bytes,
         "flops": total.flops,
         "roofline_s": roofline,
@@ -587,12 +601,12 @@ fn point_json(
 struct Row;
 
 impl Row {
-    const HEADER: &'static str = "phase     rows  context    step ms     tok/s  kernels ms  launches  overhead ms  roofline ms  of roofline  predicted ms";
+    const HEADER: &'static str = "phase     rows  context    step ms     tok/s  kernels ms  launches  overhead ms  graph ms  roofline ms  of roofline  predicted ms";
 
     fn of(phase: &str, v: &Value) -> String {
         let ms = |key: &str| v[key].as_f64().unwrap_or(f64::NAN) * 1e3;
         format!(
-            "{phase:<8}{:>6}  {:>7}  {:>9.3}  {:>8.1}  {:>10.3}  {:>8}  {:>11.3}  {:>11.3}  {:>10.1}%  {:>12.3}",
+            "{phase:<8}{:>6}  {:>7}  {:>9.3}  {:>8.1}  {:>10.3}  {:>8}  {:>11.3}  {:>8.3}  {:>11.3}  {:>10.1}%  {:>12.3}",
             v["rows"],
             v["context"],
             v["step_s"]["median"].as_f64().unwrap_or(f64::NAN) * 1e3,
@@ -600,6 +614,7 @@ impl Row {
             ms("sum_kernels_s"),
             v["launches"],
             ms("launch_overhead_s"),
+            v["graph_step_s"]["median"].as_f64().unwrap_or(f64::NAN) * 1e3,
             ms("roofline_s"),
             v["roofline_fraction"].as_f64().unwrap_or(f64::NAN) * 100.0,
             ms("predicted_s"),
@@ -708,7 +723,8 @@ mod tests {
         };
         let m = Measured {
             plain: vec![timing.clone()],
-            per_launch: vec![timing],
+            per_launch: vec![timing.clone()],
+            graph: vec![timing],
         };
         let ceilings = Ceilings {
             copy_gbs: 4000.0,

@@ -242,6 +242,10 @@ pub struct RunArgs {
     /// With --device cuda: the CUDA compiler (default: $GLMC_NVCC, else nvcc on PATH).
     #[arg(long, value_name = "PATH")]
     pub nvcc: Option<PathBuf>,
+    /// With --device cuda: launch each decode step kernel by kernel instead of replaying its
+    /// CUDA graph (the same values; for comparing the two, or profiling single kernels).
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
     /// Tensor parallelism: run the model as --tp ranks (tp-partition's graphs), their
     /// collectives simulated between threads on the CPU.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]

@@ -27,6 +27,9 @@ use crate::cli::{DeviceArg, RunArgs};
 use crate::compile::{build, Built};
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    if args.no_cuda_graphs && args.device != DeviceArg::Cuda {
+        bail!("--no-cuda-graphs chooses how the GPU runs decode steps: it needs --device cuda (the CPU interpreter has no CUDA graphs)");
+    }
     if args.model.join("manifest.ron").is_file() {
         return run_artifact(args);
     }
@@ -79,7 +82,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             if observes(args) {
                 exec.observe(&built.module)?;
             }
-            Generator::with_executor(Box::new(exec.with_fault(fault)))?
+            let exec = exec.with_fault(fault).with_graphs(!args.no_cuda_graphs);
+            Generator::with_executor(Box::new(exec))?
         }
     };
     let traced = (built.module.name.as_str(), layout);
@@ -233,7 +237,10 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("{}: {e}: recompile the artifact", ir.display()))?;
         exec.observe(&module)?;
     }
-    let mut generator = Generator::with_executor(Box::new(exec.with_fault(Fault::from_env())))?;
+    let exec = exec
+        .with_fault(Fault::from_env())
+        .with_graphs(!args.no_cuda_graphs);
+    let mut generator = Generator::with_executor(Box::new(exec))?;
     // The artifact's IR is optimised but not the builder's, so there is no split layout to
     // read: its trace lines up with others of one device.
     let traced = (manifest.model.as_str(), TraceLayout::default());

@@ -96,6 +96,33 @@ fn cuda_matches_every_fixture() {
     check_cli_against_every_fixture("--device cuda", &["--device", "cuda"]);
 }
 
+/// Decode steps replayed from CUDA graphs (the default) compute exactly what the same steps
+/// launched kernel by kernel (`--no-cuda-graphs`) do, on every fixture: the graphs run at the
+/// context rounded up to a power of two, which must not change a value.
+#[test]
+#[ignore = "gpu"]
+fn cuda_graphs_decode_bit_for_bit_as_kernel_by_kernel() {
+    for o in Oracle::all() {
+        let prompt = ids_arg(&o.prompt);
+        let args = ["--prompt-ids", prompt.as_str(), "--device", "cuda"];
+        let graphs = glmc_run(&o.dir, o.generated.len(), &args);
+        let launches = glmc_run(
+            &o.dir,
+            o.generated.len(),
+            &[&args[..], &["--no-cuda-graphs"]].concat(),
+        );
+        assert_eq!(graphs.dump.generated, launches.dump.generated, "{}", o.case);
+        let same = graphs.dump.logits.data == launches.dump.logits.data;
+        println!(
+            "  {:<17} {} logits rows from CUDA graphs vs kernel by kernel: {}",
+            o.case,
+            graphs.dump.logits.rows,
+            if same { "bit-identical" } else { "DIFFERENT" }
+        );
+        assert!(same, "{}: the logits differ", o.case);
+    }
+}
+
 /// Random weights are the same model on the GPU as on the CPU: `glmc run --random-weights 7` of
 /// tiny-sparse, with no checkpoint, generates the same tokens on both, and every logits row agrees
 /// to the GPU's f32 tolerance.

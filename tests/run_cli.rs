@@ -239,6 +239,24 @@ fn cuda_without_a_driver_says_so() {
     );
 }
 
+/// `--no-cuda-graphs` without `--device cuda` is refused with exit 2, naming the flag.
+#[test]
+fn no_cuda_graphs_needs_the_gpu() {
+    let out = glmc(&[
+        "run",
+        "tests/oracle/fixtures/sparse",
+        "--prompt-ids",
+        "3,17",
+        "--no-cuda-graphs",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--no-cuda-graphs") && stderr.contains("--device cuda"),
+        "{stderr}"
+    );
+}
+
 fn tiny_sparse() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("models/tiny-sparse.ron")

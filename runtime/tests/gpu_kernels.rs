@@ -282,7 +282,7 @@ fn run_on_gpu(
     }
     let launches: Vec<_> = phase.launches().cloned().collect();
     for l in &launches {
-        launch(gpu, &mut kernels, l, &memory, b).unwrap();
+        launch(&gpu.stream, &mut kernels, l, &memory, b).unwrap();
     }
     gpu.synchronize().unwrap();
     let seconds_per_run = time_it.then(|| {
@@ -293,7 +293,7 @@ fn run_on_gpu(
             .unwrap();
         for _ in 0..reps {
             for l in &launches {
-                launch(gpu, &mut kernels, l, &memory, b).unwrap();
+                launch(&gpu.stream, &mut kernels, l, &memory, b).unwrap();
             }
         }
         let end = gpu
@@ -2405,7 +2405,7 @@ fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
             match case {
                 "every score equal" => 0.25,
                 "three levels" => [1.0, 0.5, -0.5][(rng.next() % 3) as usize],
-                "signed zeros" if j % 5 == 0 => rng.uniform() + 1e-3,
+                "signed zeros" if j.is_multiple_of(5) => rng.uniform() + 1e-3,
                 "signed zeros" => [0.0, -0.0, -1.0][(rng.next() % 3) as usize],
                 "within 2^-10 of 1" => 1.0 + rng.uniform() / 1024.0,
                 _ => rng.uniform(),
@@ -2434,9 +2434,9 @@ fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
             .collect();
         let exact = interpret(&m, &f, &ins).unwrap();
         let exact = exact[0].as_i64().unwrap();
-        let verdict = match (0..rows).find(|&r| {
-            picked[r * TOP_K..(r + 1) * TOP_K] != exact[r * TOP_K..(r + 1) * TOP_K]
-        }) {
+        let verdict = match (0..rows)
+            .find(|&r| picked[r * TOP_K..(r + 1) * TOP_K] != exact[r * TOP_K..(r + 1) * TOP_K])
+        {
             None => "equal to the interpreter's".to_string(),
             Some(r) => {
                 failures.push(format!("{case}: row {r} differs from the interpreter's"));

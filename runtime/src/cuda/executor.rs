@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use glmc_codegen::artifact::{Manifest, StateEntry, WeightEntry};
 use glmc_codegen::expr::Poly;
 use glmc_codegen::expr::{decode_bindings, prefill_bindings, Bindings};
@@ -28,6 +28,7 @@ use glmc_codegen::schedule::{ArgValue, Phase, Step};
 use glmc_codegen::Target;
 use glmc_ir::{Module, Node, Op};
 
+use super::graphs::Graphs;
 use super::{driver, launch, random_fill, CudaError, Gpu, Kernels, Memory};
 use crate::against_config::human_bytes;
 use crate::generate::{Call, Executor, GenerateError, NodeHook, PhaseKind};
@@ -162,6 +163,10 @@ pub struct CudaExecutor {
     state_entries: Vec<StateEntry>,
     /// The cache slot of the prefill running (traces read its caches there).
     slot: u64,
+    /// Whether decode steps replay CUDA graphs (when no node is observed and no fault set).
+    use_graphs: bool,
+    /// The decode graphs captured so far, made at the first replay.
+    graphs: Option<Graphs>,
     // The allocations `memory` points into: they live as long as the executor.
     _arena: CudaSlice<u8>,
     _weights: Vec<CudaSlice<u8>>,
@@ -331,6 +336,8 @@ impl CudaExecutor {
             decode_inputs,
             state_entries: manifest.states.clone(),
             slot: 0,
+            use_graphs: true,
+            graphs: None,
             _arena: arena,
             _weights: held,
             _states: states,
@@ -362,6 +369,62 @@ impl CudaExecutor {
             decode: nodes(PhaseKind::Decode)?,
         });
         Ok(())
+    }
+
+    /// Whether decode steps replay CUDA graphs (the default) or launch kernel by kernel; both
+    /// compute the same values (`--no-cuda-graphs` compares them).
+    pub fn with_graphs(mut self, on: bool) -> CudaExecutor {
+        self.use_graphs = on;
+        self
+    }
+
+    /// How many decode graphs have been captured (one per batch size and context bucket seen).
+    pub fn graphs_captured(&self) -> usize {
+        self.graphs.as_ref().map_or(0, Graphs::len)
+    }
+
+    /// Captures the CUDA graph of decode at the sizes of `bindings` unless it was captured
+    /// before (see [`super::graphs`]): the bindings it runs under, its context rounded up to a
+    /// bucket, and its key.
+    fn decode_graph(
+        &mut self,
+        phase: &Phase,
+        bindings: &Bindings,
+    ) -> Result<(Bindings, (u64, u64)), CudaError> {
+        let size = |name: &str| {
+            bindings
+                .get(name)
+                .copied()
+                .ok_or_else(|| artifact_error(format!("a decode step without `{name}`")))
+        };
+        let bindings = Graphs::bindings(size("b")?, size("t")?, self.max.max_context);
+        let key = (bindings["b"], bindings["t"]);
+        if self.graphs.is_none() {
+            self.graphs = Some(Graphs::new(&self.gpu)?);
+        }
+        let (kernels, memory) = (&mut self.kernels, &self.memory);
+        let record = |stream: &Arc<CudaStream>| {
+            phase
+                .launches()
+                .try_for_each(|l| launch(stream, kernels, l, memory, &bindings))
+        };
+        let graphs = self.graphs.as_mut().expect("made above");
+        graphs.capture_once(key, record)?;
+        Ok((bindings, key))
+    }
+
+    /// Runs a decode step from its CUDA graph, after the inputs' uploads, and waits for it: the
+    /// bindings it ran under.
+    fn replay_decode(&mut self, phase: &Phase, bindings: &Bindings) -> Result<Bindings, CudaError> {
+        let (bindings, key) = self.decode_graph(phase, bindings)?;
+        self.gpu.synchronize()?;
+        let graphs = self.graphs.as_ref().expect("made by decode_graph");
+        graphs.launch(key)?;
+        graphs
+            .stream()
+            .synchronize()
+            .map_err(driver("waiting for a decode step's CUDA graph"))?;
+        Ok(bindings)
     }
 
     /// Breaks the node of `fault` after each of its launches (a test hook, see [`Fault`]).
@@ -503,17 +566,22 @@ impl CudaExecutor {
     /// Runs phase `kind` on `inputs` like a call of [`Executor::run`] (the caches persist), but
     /// reads no result back and times it instead: the GPU time between events before the first
     /// launch and after the last, the host's wall time from the first launch until the GPU is
-    /// done, and with `per_launch` each launch between its own pair of events. The events
-    /// around each launch add their own gaps, so a step timed `per_launch` is slower than one
-    /// that is not: compare the sum of the launches with a step timed without them.
+    /// done, and with [`Timing::PerLaunch`] each launch between its own pair of events. The
+    /// events around each launch add their own gaps, so a step timed per launch is slower than
+    /// one that is not: compare the sum of the launches with a step timed without them. With
+    /// [`Timing::Graph`] a decode step is replayed from its CUDA graph instead.
     pub fn time(
         &mut self,
         kind: PhaseKind,
         inputs: &[Tensor],
-        per_launch: bool,
+        timing: Timing,
     ) -> Result<CallTiming, GenerateError> {
         let (phase, bindings) = self.upload_inputs(kind, inputs)?;
         self.gpu.synchronize()?;
+        if timing == Timing::Graph {
+            return Ok(self.time_graph(kind, &phase, &bindings)?);
+        }
+        let per_launch = timing == Timing::PerLaunch;
         let record = |gpu: &Gpu| -> Result<CudaEvent, CudaError> {
             gpu.stream
                 .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
@@ -527,20 +595,28 @@ impl CudaExecutor {
             let runs = l.when.as_ref().map_or(Some(true), |g| g.holds(&bindings)) == Some(true)
                 && l.grid.eval(&bindings).is_some_and(|g| g > 0);
             if !(per_launch && runs) {
-                launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+                launch(
+                    &self.gpu.stream,
+                    &mut self.kernels,
+                    l,
+                    &self.memory,
+                    &bindings,
+                )?;
                 continue;
             }
             let before = record(&self.gpu)?;
-            launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+            launch(
+                &self.gpu.stream,
+                &mut self.kernels,
+                l,
+                &self.memory,
+                &bindings,
+            )?;
             pairs.push((l, before, record(&self.gpu)?));
         }
         let end = record(&self.gpu)?;
         end.synchronize().map_err(driver("waiting for the step"))?;
         let host_seconds = wall.elapsed().as_secs_f64();
-        let seconds = |a: &CudaEvent, b: &CudaEvent| -> Result<f64, CudaError> {
-            let ms = a.elapsed_ms(b).map_err(driver("reading an event's time"))?;
-            Ok(f64::from(ms) * 1e-3)
-        };
         let launches = pairs
             .iter()
             .map(|(l, a, b)| {
@@ -548,14 +624,45 @@ impl CudaExecutor {
                     node: l.node.clone(),
                     op: l.op.clone(),
                     kernel: l.kernel.clone(),
-                    seconds: seconds(a, b)?,
+                    seconds: event_seconds(a, b)?,
                 })
             })
             .collect::<Result<Vec<_>, CudaError>>()?;
         Ok(CallTiming {
             host_seconds,
-            gpu_seconds: seconds(&start, &end)?,
+            gpu_seconds: event_seconds(&start, &end)?,
             launches,
+        })
+    }
+
+    /// A decode step replayed from its CUDA graph (captured first when it is new), timed like
+    /// [`CudaExecutor::time`]'s whole step.
+    fn time_graph(
+        &mut self,
+        kind: PhaseKind,
+        phase: &Phase,
+        bindings: &Bindings,
+    ) -> Result<CallTiming, CudaError> {
+        if kind != PhaseKind::Decode {
+            return Err(artifact_error("only decode steps replay CUDA graphs"));
+        }
+        let (_, key) = self.decode_graph(phase, bindings)?;
+        let graphs = self.graphs.as_ref().expect("made by decode_graph");
+        let event = || {
+            graphs
+                .stream()
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(driver("recording an event"))
+        };
+        let wall = std::time::Instant::now();
+        let start = event()?;
+        graphs.launch(key)?;
+        let end = event()?;
+        end.synchronize().map_err(driver("waiting for the step"))?;
+        Ok(CallTiming {
+            host_seconds: wall.elapsed().as_secs_f64(),
+            gpu_seconds: event_seconds(&start, &end)?,
+            launches: Vec::new(),
         })
     }
 
@@ -684,6 +791,23 @@ impl CudaExecutor {
     }
 }
 
+/// The time between two events, in seconds.
+fn event_seconds(a: &CudaEvent, b: &CudaEvent) -> Result<f64, CudaError> {
+    let ms = a.elapsed_ms(b).map_err(driver("reading an event's time"))?;
+    Ok(f64::from(ms) * 1e-3)
+}
+
+/// How [`CudaExecutor::time`] runs and times a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// Launch by launch, timed as a whole.
+    Step,
+    /// Launch by launch, each between CUDA events of its own as well.
+    PerLaunch,
+    /// Decode only: replayed from its CUDA graph.
+    Graph,
+}
+
 fn step_node(step: &Step) -> &str {
     match step {
         Step::Launch(l) => &l.node,
@@ -723,10 +847,22 @@ impl Executor for CudaExecutor {
         call: Call,
         hook: &mut NodeHook<'_>,
     ) -> Result<Vec<Tensor>, GenerateError> {
-        let (phase, bindings) = self.upload_inputs(kind, inputs)?;
-        if self.nodes.is_none() && self.fault.is_none() {
+        let (phase, mut bindings) = self.upload_inputs(kind, inputs)?;
+        if self.nodes.is_none()
+            && self.fault.is_none()
+            && kind == PhaseKind::Decode
+            && self.use_graphs
+        {
+            bindings = self.replay_decode(&phase, &bindings)?;
+        } else if self.nodes.is_none() && self.fault.is_none() {
             for l in phase.launches() {
-                launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+                launch(
+                    &self.gpu.stream,
+                    &mut self.kernels,
+                    l,
+                    &self.memory,
+                    &bindings,
+                )?;
             }
         } else {
             // A node is complete after the last step that names it: a concat's copies come
@@ -739,7 +875,13 @@ impl Executor for CudaExecutor {
                 .collect();
             for (i, step) in phase.steps.iter().enumerate() {
                 if let Step::Launch(l) = step {
-                    launch(&self.gpu, &mut self.kernels, l, &self.memory, &bindings)?;
+                    launch(
+                        &self.gpu.stream,
+                        &mut self.kernels,
+                        l,
+                        &self.memory,
+                        &bindings,
+                    )?;
                 }
                 if last[step_node(step)] == i {
                     self.after_step(kind, step, &bindings, call, hook)?;

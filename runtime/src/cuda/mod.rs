@@ -233,10 +233,10 @@ enum Value {
     F32(f32),
 }
 
-/// Launches `launch` on `gpu` with its arguments evaluated under `bindings` (nothing, when it is
+/// Launches `launch` on `stream` with its arguments evaluated under `bindings` (nothing, when it is
 /// an alternative for other sizes).
 pub fn launch(
-    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
     kernels: &mut Kernels,
     launch: &Launch,
     memory: &Memory,
@@ -275,7 +275,7 @@ pub fn launch(
     }
     let grid = u32::try_from(blocks).map_err(|_| fail(format!("{blocks} blocks")))?;
     let f = kernels.function(&launch.kernel, launch.dynamic_shared_bytes)?;
-    let mut builder = gpu.stream.launch_builder(f);
+    let mut builder = stream.launch_builder(f);
     for v in &values {
         match v {
             Value::U64(x) => builder.arg(x),
@@ -300,6 +300,7 @@ pub fn launch(
 pub mod ceiling;
 mod compile;
 mod executor;
+pub mod graphs;
 pub use compile::{compile, CompileError, Compiled};
-pub use executor::{CallTiming, CudaExecutor, DeviceBytes, LaunchTime, OutOfMemory};
+pub use executor::{CallTiming, CudaExecutor, DeviceBytes, LaunchTime, OutOfMemory, Timing};
 pub mod random_fill;
