@@ -86,6 +86,20 @@ impl TensorRef {
     /// `bindings`: how a host reads or writes the tensor in a copy of its buffer. `None` when a
     /// symbol is unbound or an offset is negative.
     pub fn element_offsets(&self, bindings: &Bindings) -> Option<Vec<u64>> {
+        let (starts, run) = self.element_runs(bindings)?;
+        let size = self.dtype.size_bytes();
+        Some(
+            starts
+                .iter()
+                .flat_map(|&s| (0..run as u64).map(move |j| s + j * size))
+                .collect(),
+        )
+    }
+
+    /// The same offsets as runs of consecutive elements: the byte offset where each run starts,
+    /// in row-major order, and the elements of a run (the last axis when its stride is 1, else
+    /// one). Reading a large node back this way costs per row, not per element.
+    pub fn element_runs(&self, bindings: &Bindings) -> Option<(Vec<u64>, usize)> {
         let dims = self.dims(bindings)?;
         let strides: Vec<i64> = self
             .strides
@@ -94,17 +108,22 @@ impl TensorRef {
             .collect::<Option<_>>()?;
         let base = self.offset_bytes.eval(bindings)?;
         let size = self.dtype.size_bytes() as i64;
-        let count: usize = dims.iter().product();
-        (0..count)
+        let (outer, run) = match (dims.split_last(), strides.last()) {
+            (Some((&last, outer)), Some(1)) => (outer, last),
+            _ => (&dims[..], 1),
+        };
+        let count: usize = outer.iter().product();
+        let starts = (0..count)
             .map(|mut i| {
                 let mut e = 0i64;
-                for k in (0..dims.len()).rev() {
-                    e += (i % dims[k]) as i64 * strides[k];
-                    i /= dims[k];
+                for k in (0..outer.len()).rev() {
+                    e += (i % outer[k]) as i64 * strides[k];
+                    i /= outer[k];
                 }
                 u64::try_from(base + e * size).ok()
             })
-            .collect()
+            .collect::<Option<Vec<u64>>>()?;
+        Some((starts, run))
     }
 
     pub fn is_contiguous(&self) -> bool {
@@ -258,6 +277,9 @@ mod tests {
             Some(vec![2, 4, 10, 12])
         );
         assert_eq!(x.element_offsets(&Bindings::new()), None);
+        // Runs: two elements of each row of the slice; each whole row of the tensor.
+        assert_eq!(x.slice(1, 1, 3).element_runs(&b), Some((vec![2, 10], 2)));
+        assert_eq!(x.element_runs(&b), Some((vec![0, 8], 4)));
     }
 
     #[test]

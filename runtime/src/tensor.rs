@@ -199,42 +199,51 @@ impl Tensor {
         bytes: &[u8],
         offsets: &[u64],
     ) -> Result<Tensor, TensorError> {
+        Tensor::from_device_runs(shape, dtype, bytes, offsets, 1)
+    }
+
+    /// The same for elements in runs of `run` consecutive values starting at `starts` (bytes):
+    /// the rows of a tensor whose last axis is contiguous, converted a row at a time.
+    pub fn from_device_runs(
+        shape: Vec<usize>,
+        dtype: DType,
+        bytes: &[u8],
+        starts: &[u64],
+        run: usize,
+    ) -> Result<Tensor, TensorError> {
         let op = "from_device_bytes";
         let size = dtype.size_bytes() as usize;
-        let element = |o: u64| -> Result<&[u8], TensorError> {
-            let start = usize::try_from(o).ok().filter(|s| s + size <= bytes.len());
-            start
-                .map(|s| &bytes[s..s + size])
+        let runs = starts.iter().map(|&o| {
+            usize::try_from(o)
+                .ok()
+                .filter(|s| s + run * size <= bytes.len())
+                .map(|s| bytes[s..s + run * size].chunks_exact(size))
                 .ok_or(TensorError::Bytes {
                     op,
                     offset: o,
                     len: bytes.len(),
                 })
-        };
-        let le = |o: u64| -> Result<[u8; 8], TensorError> {
-            let mut b = [0u8; 8];
-            b[..size].copy_from_slice(element(o)?);
-            Ok(b)
-        };
+        });
+        fn gather<'a, T>(
+            runs: impl Iterator<Item = Result<std::slice::ChunksExact<'a, u8>, TensorError>>,
+            value: impl Fn(&[u8]) -> T,
+        ) -> Result<Vec<T>, TensorError> {
+            let mut out = Vec::new();
+            for r in runs {
+                out.extend(r?.map(&value));
+            }
+            Ok(out)
+        }
         let data = match dtype {
-            DType::F32 => Data::F32(
-                offsets
-                    .iter()
-                    .map(|&o| le(o).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-                    .collect::<Result<_, _>>()?,
-            ),
-            DType::BF16 => Data::F32(
-                offsets
-                    .iter()
-                    .map(|&o| le(o).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()))
-                    .collect::<Result<_, _>>()?,
-            ),
-            DType::I64 => Data::I64(
-                offsets
-                    .iter()
-                    .map(|&o| le(o).map(i64::from_le_bytes))
-                    .collect::<Result<_, _>>()?,
-            ),
+            DType::F32 => Data::F32(gather(runs, |b| {
+                f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            })?),
+            DType::BF16 => Data::F32(gather(runs, |b| {
+                half::bf16::from_le_bytes([b[0], b[1]]).to_f32()
+            })?),
+            DType::I64 => Data::I64(gather(runs, |b| {
+                i64::from_le_bytes(b.try_into().expect("8 bytes"))
+            })?),
             _ => return Err(TensorError::DeviceDType { op, dtype }),
         };
         Tensor::new(shape, data)

@@ -273,6 +273,10 @@ fn device_bytes_round_trip() {
     let ids_back = Tensor::from_device_bytes(vec![2], DType::I64, &raw, &[0, 8]).unwrap();
     assert_eq!(ids_back.as_i64().unwrap(), &[-1, 7]);
     assert!(Tensor::from_device_bytes(vec![1], DType::F32, &raw[..2], &[0]).is_err());
+    // Runs of consecutive elements: the rows of [2, 2] read backwards, and a run past the end.
+    let rows = Tensor::from_device_runs(vec![2, 2], DType::BF16, &bf, &[4, 0], 2).unwrap();
+    assert_eq!(rows.as_f32().unwrap(), &[-2.5, 3.0, 1.0, 1.0]);
+    assert!(Tensor::from_device_runs(vec![2], DType::BF16, &bf, &[6], 2).is_err());
     assert!(t.to_bytes(DType::I64).is_err());
     assert!(t.to_bytes(DType::F8E4M3).is_err());
 }

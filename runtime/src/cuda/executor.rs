@@ -767,17 +767,19 @@ impl CudaExecutor {
         })
     }
 
-    /// Reads a result back: the byte range its elements span, then the elements.
+    /// Reads a result back: the byte range its elements span, then the elements, a row at a
+    /// time where the last axis is contiguous.
     fn read(&self, at: &TensorRef, bindings: &Bindings) -> Result<Tensor, CudaError> {
-        let offsets = at
-            .element_offsets(bindings)
+        let (starts, run) = at
+            .element_runs(bindings)
             .ok_or_else(|| artifact_error(format!("result {at} is not bound by {bindings:?}")))?;
         let dims = at.dims(bindings).unwrap_or_default();
-        let (lo, hi) = offsets.iter().fold((u64::MAX, 0), |(lo, hi), &o| {
-            (lo.min(o), hi.max(o + at.dtype.size_bytes()))
+        let run_bytes = run as u64 * at.dtype.size_bytes();
+        let (lo, hi) = starts.iter().fold((u64::MAX, 0), |(lo, hi), &o| {
+            (lo.min(o), hi.max(o + run_bytes))
         });
-        if offsets.is_empty() {
-            return Tensor::from_device_bytes(dims, at.dtype, &[], &[])
+        if starts.is_empty() || run == 0 {
+            return Tensor::from_device_runs(dims, at.dtype, &[], &[], 0)
                 .map_err(|e| artifact_error(e.to_string()));
         }
         let base = self
@@ -785,8 +787,8 @@ impl CudaExecutor {
             .base(&at.buf)
             .ok_or_else(|| artifact_error(format!("no memory for {}", at.buf)))?;
         let bytes = self.gpu.read_bytes(base + lo, (hi - lo) as usize)?;
-        let local: Vec<u64> = offsets.iter().map(|o| o - lo).collect();
-        Tensor::from_device_bytes(dims, at.dtype, &bytes, &local)
+        let local: Vec<u64> = starts.iter().map(|o| o - lo).collect();
+        Tensor::from_device_runs(dims, at.dtype, &bytes, &local, run)
             .map_err(|e| artifact_error(e.to_string()))
     }
 }
