@@ -10,13 +10,16 @@
 #                                              # each under S seconds (default 240), then plots
 #   scripts/bench-gpu.sh render DIR            # anywhere: DIR/*.json -> bench/RESULTS.md
 #
-# Each `run` writes into $OUT (the device call's output folder): glmc.json / glmc.txt /
+# Each `run` writes into $OUT/bench.tgz (the device call's output folder): glmc.json / glmc.txt /
 # matmul.json, or hf-<modes>.json and one log per mode; RESULTS.md and the PNG plots are made
 # from those plus every JSON of $BENCH_RESULTS (default bench/results/latest), where the lead
 # puts the files of the earlier calls of the session so that the last call plots them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-/tmp/glmc-bench}"
+# A device call returns at most 8 files: `run` writes into $OUT/bench/ and leaves one archive,
+# $OUT/bench.tgz.
+top="${OUT:-/tmp/glmc-bench}"
+out="$top/bench"
 results="${BENCH_RESULTS:-bench/results/latest}"
 model=models/glm5-slice.ron
 case "${1:-}" in
@@ -29,6 +32,7 @@ build)
     ;;
 run)
     mkdir -p "$out"
+    trap 'tar czf "$top/bench.tgz" -C "$top" bench && rm -rf "$out"' EXIT
     export GLMC_CACHE_DIR="${GLMC_CACHE_DIR:-/tmp/glmc-cache}"
     command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"

@@ -7,9 +7,9 @@
 #                               # all; ARGS go to every test binary (a name filter, or
 #                               # `--skip NAME` to leave the timing runs out when device time is short)
 #
-# The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in $OUT
-# (harness.txt, sampling.txt, bandwidth.md, gemm.md, gemm_torch.md, log.txt) and are recorded in
-# tests/gpu/README.md.
+# The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in
+# $OUT/results.tgz (one log per group, times.txt, and the reports the tests write: harness.txt,
+# indexer.md, gemm.md, ...) and are recorded in tests/gpu/README.md.
 # The oracle's, the traces' and the GLM-5-sized GPU tests run the `glmc` binary carried in .gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,20 +31,54 @@ for line in sys.stdin:
     ls -la .gpu
     ;;
 run)
-    export GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="${OUT:-/tmp}"
+    # Results go to $OUT/results/ and leave as one archive, $OUT/results.tgz (a device call
+    # returns at most 8 files), also when a deadline stops a test: GLMC_GPU_BUDGET seconds
+    # (default 570, under the call's 600) for the whole run. The checks that time nothing run
+    # together (the harness with 3 test threads, next to the oracle and trace tests, which run
+    # the carried glmc); then the timing tests one at a time, alone on the GPU.
+    shift
+    top="${OUT:-/tmp/glmc-gpu}"
+    results="$top/results"
+    mkdir -p "$results"
+    export GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="$results"
     export GLMC_CACHE_DIR="${GLMC_CACHE_DIR:-/tmp/glmc-cache}"
     command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    nvcc --version | tail -1
-    shift
+    start=$SECONDS
+    deadline=$((start + ${GLMC_GPU_BUDGET:-570}))
+    trap 'tar czf "$top/results.tgz" -C "$top" results && rm -rf "$results"' EXIT
+    {
+        nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+        nvcc --version | tail -1
+    } >"$results/times.txt"
     status=0
-    for t in gpu_kernels oracle trace glm5_gpu; do
-        .gpu/$t --ignored --test-threads=1 --nocapture "$@" 2>&1 | tee -a "$GLMC_GPU_OUT/log.txt" || status=1
-    done
+    # run_tests LABEL BINARY THREADS ARGS...: one test binary, under the time left.
+    run_tests() {
+        local label=$1 bin=$2 threads=$3 left=$((deadline - SECONDS)) rc=0
+        shift 3
+        if [ $left -le 5 ]; then
+            echo "$label: not run, no time left" >>"$results/times.txt"
+            return 1
+        fi
+        timeout $left ".gpu/$bin" --ignored --test-threads=$threads --nocapture "$@" >"$results/$label.txt" 2>&1 || rc=$?
+        echo "$label: exit $rc at $((SECONDS - start)) s" >>"$results/times.txt"
+        return $rc
+    }
+    # A glmc that a test started and left running when its time ran out would hold GPU memory
+    # into the next test.
+    stop_strays() { pkill -x glmc || true; }
+    run_tests checks gpu_kernels 3 --skip timed --skip bandwidth "$@" &
+    checks=$!
+    { run_tests oracle oracle 1 "$@" && run_tests trace trace 1 "$@"; } || status=1
+    wait $checks || status=1
+    stop_strays
+    run_tests timed gpu_kernels 1 timed bandwidth "$@" || status=1
+    run_tests glm5 glm5_gpu 1 "$@" || status=1
+    stop_strays
     # torch.matmul on the GEMM shapes the harness timed
-    if [ -f "$GLMC_GPU_OUT/gemm.json" ]; then
-        python3 scripts/torch_gemm.py "$GLMC_GPU_OUT/gemm.json" "$GLMC_GPU_OUT/gemm_torch.md" || status=1
+    if [ -f "$results/gemm.json" ]; then
+        python3 scripts/torch_gemm.py "$results/gemm.json" "$results/gemm_torch.md" || status=1
     fi
+    cat "$results/times.txt"
     exit $status
     ;;
 *)
