@@ -402,14 +402,21 @@ impl CudaExecutor {
         if self.graphs.is_none() {
             self.graphs = Some(Graphs::new(&self.gpu)?);
         }
-        let (kernels, memory) = (&mut self.kernels, &self.memory);
-        let record = |stream: &Arc<CudaStream>| {
-            phase
-                .launches()
-                .try_for_each(|l| launch(stream, kernels, l, memory, &bindings))
-        };
         let graphs = self.graphs.as_mut().expect("made above");
-        graphs.capture_once(key, record)?;
+        if !graphs.has(key) {
+            // Kernels are looked up (and allowed their shared memory) before the capture, so
+            // nothing but launches happens while the stream is capturing.
+            for l in phase.launches() {
+                self.kernels.function(&l.kernel, l.dynamic_shared_bytes)?;
+            }
+            let (kernels, memory) = (&mut self.kernels, &self.memory);
+            let record = |stream: &Arc<CudaStream>| {
+                phase
+                    .launches()
+                    .try_for_each(|l| launch(stream, kernels, l, memory, &bindings))
+            };
+            graphs.capture(key, record)?;
+        }
         Ok((bindings, key))
     }
 

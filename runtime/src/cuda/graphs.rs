@@ -67,17 +67,20 @@ impl Graphs {
         self.by_size.is_empty()
     }
 
-    /// Captures the step of `size` (batch, context bucket) with `record`, which queues the
-    /// step's launches on the stream it is given, unless it was captured before.
-    pub fn capture_once(
+    /// Whether the step of `size` (batch, context bucket) has been captured.
+    pub fn has(&self, size: (u64, u64)) -> bool {
+        self.by_size.contains_key(&size)
+    }
+
+    /// Captures the step of `size` with `record`, which queues the step's launches on the stream
+    /// it is given, and keeps its graph.
+    pub fn capture(
         &mut self,
         size: (u64, u64),
         record: impl FnOnce(&Arc<CudaStream>) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
-        if !self.by_size.contains_key(&size) {
-            let graph = self.capture(record)?;
-            self.by_size.insert(size, graph);
-        }
+        let graph = self.record(record)?;
+        self.by_size.insert(size, graph);
         Ok(())
     }
 
@@ -92,7 +95,7 @@ impl Graphs {
             .map_err(driver("launching a decode step's CUDA graph"))
     }
 
-    fn capture(
+    fn record(
         &self,
         record: impl FnOnce(&Arc<CudaStream>) -> Result<(), CudaError>,
     ) -> Result<CudaGraph, CudaError> {
