@@ -418,6 +418,12 @@ fn measure(
     steps: u64,
 ) -> anyhow::Result<Measured> {
     let mut timed = |timing: Timing, n: u64| {
+        // The first replay of a size captures its graph: one warm-up at least takes it.
+        let warmup = if timing == Timing::Graph {
+            warmup.max(1)
+        } else {
+            warmup
+        };
         for _ in 0..warmup {
             exec.time(kind, inputs, timing)?;
         }
@@ -427,7 +433,6 @@ fn measure(
     };
     let plain = timed(Timing::Step, steps)?;
     let per_launch = timed(Timing::PerLaunch, KERNEL_STEPS)?;
-    // The first replay of a size captures its graph: the warm-up takes it.
     let graph = match kind {
         PhaseKind::Decode => timed(Timing::Graph, steps)?,
         PhaseKind::Prefill => Vec::new(),

@@ -145,6 +145,9 @@ struct PhaseNodes {
 /// A loaded artifact on one GPU.
 pub struct CudaExecutor {
     gpu: Gpu,
+    /// The decode graphs captured so far, made at the first replay. Declared before `kernels`,
+    /// so they are destroyed before the module whose functions they launch is unloaded.
+    graphs: Option<Graphs>,
     kernels: Kernels,
     // Shared, so a call holds its schedule while it launches without copying it.
     prefill: Arc<Phase>,
@@ -165,8 +168,6 @@ pub struct CudaExecutor {
     slot: u64,
     /// Whether decode steps replay CUDA graphs (when no node is observed and no fault set).
     use_graphs: bool,
-    /// The decode graphs captured so far, made at the first replay.
-    graphs: Option<Graphs>,
     // The allocations `memory` points into: they live as long as the executor.
     _arena: CudaSlice<u8>,
     _weights: Vec<CudaSlice<u8>>,
@@ -390,7 +391,7 @@ impl CudaExecutor {
         &mut self,
         phase: &Phase,
         bindings: &Bindings,
-    ) -> Result<(Bindings, (u64, u64)), CudaError> {
+    ) -> Result<Option<(Bindings, (u64, u64))>, CudaError> {
         let size = |name: &str| {
             bindings
                 .get(name)
@@ -415,15 +416,27 @@ impl CudaExecutor {
                     .launches()
                     .try_for_each(|l| launch(stream, kernels, l, memory, &bindings))
             };
-            graphs.capture(key, record)?;
+            // A driver that cannot capture the step still runs it, launch by launch: the run
+            // says so once and keeps going that way.
+            if let Err(e) = graphs.capture(key, record) {
+                eprintln!("warning: decode steps run launch by launch from here on, a CUDA graph could not be captured: {e}");
+                self.use_graphs = false;
+                return Ok(None);
+            }
         }
-        Ok((bindings, key))
+        Ok(Some((bindings, key)))
     }
 
     /// Runs a decode step from its CUDA graph, after the inputs' uploads, and waits for it: the
     /// bindings it ran under.
-    fn replay_decode(&mut self, phase: &Phase, bindings: &Bindings) -> Result<Bindings, CudaError> {
-        let (bindings, key) = self.decode_graph(phase, bindings)?;
+    fn replay_decode(
+        &mut self,
+        phase: &Phase,
+        bindings: &Bindings,
+    ) -> Result<Option<Bindings>, CudaError> {
+        let Some((bindings, key)) = self.decode_graph(phase, bindings)? else {
+            return Ok(None);
+        };
         self.gpu.synchronize()?;
         let graphs = self.graphs.as_ref().expect("made by decode_graph");
         graphs.launch(key)?;
@@ -431,7 +444,7 @@ impl CudaExecutor {
             .stream()
             .synchronize()
             .map_err(driver("waiting for a decode step's CUDA graph"))?;
-        Ok(bindings)
+        Ok(Some(bindings))
     }
 
     /// Breaks the node of `fault` after each of its launches (a test hook, see [`Fault`]).
@@ -653,7 +666,11 @@ impl CudaExecutor {
         if kind != PhaseKind::Decode {
             return Err(artifact_error("only decode steps replay CUDA graphs"));
         }
-        let (_, key) = self.decode_graph(phase, bindings)?;
+        let Some((_, key)) = self.decode_graph(phase, bindings)? else {
+            return Err(artifact_error(
+                "the decode step could not be captured into a CUDA graph",
+            ));
+        };
         let graphs = self.graphs.as_ref().expect("made by decode_graph");
         let event = || {
             graphs
@@ -857,13 +874,15 @@ impl Executor for CudaExecutor {
         hook: &mut NodeHook<'_>,
     ) -> Result<Vec<Tensor>, GenerateError> {
         let (phase, mut bindings) = self.upload_inputs(kind, inputs)?;
-        if self.nodes.is_none()
-            && self.fault.is_none()
-            && kind == PhaseKind::Decode
-            && self.use_graphs
-        {
-            bindings = self.replay_decode(&phase, &bindings)?;
-        } else if self.nodes.is_none() && self.fault.is_none() {
+        let plain = self.nodes.is_none() && self.fault.is_none();
+        let replayed = if plain && kind == PhaseKind::Decode && self.use_graphs {
+            self.replay_decode(&phase, &bindings)?
+        } else {
+            None
+        };
+        if let Some(b) = replayed {
+            bindings = b;
+        } else if plain {
             for l in phase.launches() {
                 launch(
                     &self.gpu.stream,
