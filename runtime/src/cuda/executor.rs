@@ -28,7 +28,7 @@ use glmc_codegen::schedule::{ArgValue, Phase, Step};
 use glmc_codegen::Target;
 use glmc_ir::{Module, Node, Op};
 
-use super::graphs::Graphs;
+use super::graphs::{GraphSize, Graphs};
 use super::{driver, launch, random_fill, CudaError, Gpu, Kernels, Memory};
 use crate::against_config::human_bytes;
 use crate::generate::{Call, Executor, GenerateError, NodeHook, PhaseKind};
@@ -391,7 +391,7 @@ impl CudaExecutor {
         &mut self,
         phase: &Phase,
         bindings: &Bindings,
-    ) -> Result<Option<(Bindings, (u64, u64))>, CudaError> {
+    ) -> Result<Option<(Bindings, GraphSize)>, CudaError> {
         let size = |name: &str| {
             bindings
                 .get(name)

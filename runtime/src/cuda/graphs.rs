@@ -34,11 +34,14 @@ pub fn context_bucket(t: u64, max_context: u64) -> u64 {
         .max(t)
 }
 
+/// A decode graph's key: the batch and the context bucket it runs at.
+pub type GraphSize = (u64, u64);
+
 /// The captured decode steps of one executor, on a stream of their own (the legacy default
 /// stream, which the rest of the executor uses, cannot be captured).
 pub struct Graphs {
     stream: Arc<CudaStream>,
-    by_size: HashMap<(u64, u64), CudaGraph>,
+    by_size: HashMap<GraphSize, CudaGraph>,
 }
 
 impl Graphs {
@@ -68,7 +71,7 @@ impl Graphs {
     }
 
     /// Whether the step of `size` (batch, context bucket) has been captured.
-    pub fn has(&self, size: (u64, u64)) -> bool {
+    pub fn has(&self, size: GraphSize) -> bool {
         self.by_size.contains_key(&size)
     }
 
@@ -76,7 +79,7 @@ impl Graphs {
     /// it is given, and keeps its graph.
     pub fn capture(
         &mut self,
-        size: (u64, u64),
+        size: GraphSize,
         record: impl FnOnce(&Arc<CudaStream>) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
         let graph = self.record(record)?;
@@ -86,7 +89,7 @@ impl Graphs {
 
     /// Queues the captured step of `size` on [`Graphs::stream`]. The caller has finished its
     /// work on the default stream (the inputs' uploads): this stream does not wait for it.
-    pub fn launch(&self, size: (u64, u64)) -> Result<(), CudaError> {
+    pub fn launch(&self, size: GraphSize) -> Result<(), CudaError> {
         let graph = self.by_size.get(&size).ok_or_else(|| {
             CudaError::Artifact(format!("no decode graph was captured for {size:?}"))
         })?;
