@@ -97,8 +97,9 @@ fn cuda_matches_every_fixture() {
 }
 
 /// Decode steps replayed from CUDA graphs (the default) compute exactly what the same steps
-/// launched kernel by kernel (`--no-cuda-graphs`) do, on every fixture: the graphs run at the
-/// context rounded up to a power of two, which must not change a value.
+/// launched kernel by kernel (`--no-cuda-graphs`) do, on every fixture and on a decode that
+/// crosses from one context bucket into the next: the graphs run at the context rounded up to
+/// a power of two, which must not change a value.
 #[test]
 #[ignore = "gpu"]
 fn cuda_graphs_decode_bit_for_bit_as_kernel_by_kernel() {
@@ -121,6 +122,29 @@ fn cuda_graphs_decode_bit_for_bit_as_kernel_by_kernel() {
         );
         assert!(same, "{}: the logits differ", o.case);
     }
+    // A prompt of 2040 tokens and 16 new ones: decode crosses from the 2048 bucket into the
+    // 4096 one, so a second graph is captured mid-run (tiny-sparse, random weights; its 8-key
+    // top-k is sparse all along).
+    let model = common_oracle::repo_root().join("models/tiny-sparse.ron");
+    let prompt: Vec<String> = (0..2040).map(|i| ((i * 37 + 11) % 256).to_string()).collect();
+    let prompt = prompt.join(",");
+    let args = [
+        "--prompt-ids",
+        prompt.as_str(),
+        "--random-weights",
+        "3",
+        "--device",
+        "cuda",
+    ];
+    let graphs = glmc_run(&model, 16, &args);
+    let launches = glmc_run(&model, 16, &[&args[..], &["--no-cuda-graphs"]].concat());
+    assert_eq!(graphs.dump.generated, launches.dump.generated);
+    let same = graphs.dump.logits.data == launches.dump.logits.data;
+    println!(
+        "  tiny-sparse, 2040 + 16 tokens across two graph buckets: {}",
+        if same { "bit-identical" } else { "DIFFERENT" }
+    );
+    assert!(same, "across buckets: the logits differ");
 }
 
 /// Random weights are the same model on the GPU as on the CPU: `glmc run --random-weights 7` of
