@@ -126,7 +126,9 @@ fn cuda_graphs_decode_bit_for_bit_as_kernel_by_kernel() {
     // 4096 one, so a second graph is captured mid-run (tiny-sparse, random weights; its 8-key
     // top-k is sparse all along).
     let model = common_oracle::repo_root().join("models/tiny-sparse.ron");
-    let prompt: Vec<String> = (0..2040).map(|i| ((i * 37 + 11) % 256).to_string()).collect();
+    let prompt: Vec<String> = (0..2040)
+        .map(|i| ((i * 37 + 11) % 256).to_string())
+        .collect();
     let prompt = prompt.join(",");
     let args = [
         "--prompt-ids",

@@ -2295,25 +2295,16 @@ fn glm5_indexer_matches_and_is_timed() {
         )
         .unwrap();
         let topk_ins = vec![gpu_scores, ins[3].clone()];
-        let run = run_on_gpu(&dev, &topk_module, limits, &topk_ins, &b, true);
+        let (run, picked, differs) =
+            topk_on_gpu(&dev, &topk_module, &topk_fn, limits, &topk_ins, &b, TOP_K);
         let kernel = launched(&run.phase, &b).join(",");
-        let at = &run.phase.results[0].1;
-        let picked: Vec<i64> = gather(&bytes_of(&run, at), at, &b)
-            .iter()
-            .map(|x| *x as i64)
-            .collect();
-        let exact = interpret(&topk_module, &topk_fn, &topk_ins).unwrap();
-        let exact = exact[0].as_i64().unwrap();
-        let mut check = if picked == exact {
-            "equal to the interpreter's".to_string()
-        } else {
-            let row = (0..rows)
-                .find(|&r| picked[r * TOP_K..(r + 1) * TOP_K] != exact[r * TOP_K..(r + 1) * TOP_K])
-                .unwrap();
+        let mut check = if let Some(row) = differs {
             failures.push(format!(
                 "{case} {rows}×{context} dsa.topk: row {row} differs from the interpreter's on the same scores"
             ));
             "FAIL".to_string()
+        } else {
+            "equal to the interpreter's".to_string()
         };
         // Against the interpreter's own scores, as sets, where the cut is clear.
         let scale = want
@@ -2367,6 +2358,30 @@ fn glm5_indexer_matches_and_is_timed() {
     print!("{report}");
     std::fs::write(out_dir().join("indexer.md"), &report).unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `dsa.topk` of `f` (in `m`) on the GPU, timed, and in the interpreter on the same inputs: the
+/// run, the GPU's lists of `k` keys, and the first row whose lists differ.
+fn topk_on_gpu(
+    dev: &Device,
+    m: &Module,
+    f: &Function,
+    limits: Limits,
+    ins: &[Tensor],
+    b: &Bindings,
+    k: usize,
+) -> (Run, Vec<i64>, Option<usize>) {
+    let run = run_on_gpu(dev, m, limits, ins, b, true);
+    let at = &run.phase.results[0].1;
+    let picked: Vec<i64> = gather(&bytes_of(&run, at), at, b)
+        .iter()
+        .map(|x| *x as i64)
+        .collect();
+    let exact = interpret(m, f, ins).unwrap();
+    let exact = exact[0].as_i64().unwrap();
+    let differs =
+        (0..picked.len() / k).find(|&r| picked[r * k..(r + 1) * k] != exact[r * k..(r + 1) * k]);
+    (run, picked, differs)
 }
 
 /// `dsa.topk` where the cut falls inside long runs of equal scores, exactly against the
@@ -2426,17 +2441,8 @@ fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
             max_batch: rows as u64,
             max_context: context as u64,
         };
-        let run = run_on_gpu(&dev, &m, limits, &ins, &bindings, true);
-        let at = &run.phase.results[0].1;
-        let picked: Vec<i64> = gather(&bytes_of(&run, at), at, &bindings)
-            .iter()
-            .map(|x| *x as i64)
-            .collect();
-        let exact = interpret(&m, &f, &ins).unwrap();
-        let exact = exact[0].as_i64().unwrap();
-        let verdict = match (0..rows)
-            .find(|&r| picked[r * TOP_K..(r + 1) * TOP_K] != exact[r * TOP_K..(r + 1) * TOP_K])
-        {
+        let (run, _, differs) = topk_on_gpu(&dev, &m, &f, limits, &ins, &bindings, TOP_K);
+        let verdict = match differs {
             None => "equal to the interpreter's".to_string(),
             Some(r) => {
                 failures.push(format!("{case}: row {r} differs from the interpreter's"));

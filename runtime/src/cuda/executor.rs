@@ -24,7 +24,7 @@ use glmc_codegen::artifact::{Manifest, StateEntry, WeightEntry};
 use glmc_codegen::expr::Poly;
 use glmc_codegen::expr::{decode_bindings, prefill_bindings, Bindings};
 use glmc_codegen::layout::{Buf, TensorRef};
-use glmc_codegen::schedule::{ArgValue, Phase, Step};
+use glmc_codegen::schedule::{ArgValue, Launch, Phase, Step};
 use glmc_codegen::Target;
 use glmc_ir::{Module, Node, Op};
 
@@ -427,6 +427,17 @@ impl CudaExecutor {
         Ok(Some((bindings, key)))
     }
 
+    /// Launches `l` on the executor's stream under `bindings`.
+    fn launch_one(&mut self, l: &Launch, bindings: &Bindings) -> Result<(), CudaError> {
+        launch(
+            &self.gpu.stream,
+            &mut self.kernels,
+            l,
+            &self.memory,
+            bindings,
+        )
+    }
+
     /// Runs a decode step from its CUDA graph, after the inputs' uploads, and waits for it: the
     /// bindings it ran under.
     fn replay_decode(
@@ -615,23 +626,11 @@ impl CudaExecutor {
             let runs = l.when.as_ref().map_or(Some(true), |g| g.holds(&bindings)) == Some(true)
                 && l.grid.eval(&bindings).is_some_and(|g| g > 0);
             if !(per_launch && runs) {
-                launch(
-                    &self.gpu.stream,
-                    &mut self.kernels,
-                    l,
-                    &self.memory,
-                    &bindings,
-                )?;
+                self.launch_one(l, &bindings)?;
                 continue;
             }
             let before = record(&self.gpu)?;
-            launch(
-                &self.gpu.stream,
-                &mut self.kernels,
-                l,
-                &self.memory,
-                &bindings,
-            )?;
+            self.launch_one(l, &bindings)?;
             pairs.push((l, before, record(&self.gpu)?));
         }
         let end = record(&self.gpu)?;
@@ -884,13 +883,7 @@ impl Executor for CudaExecutor {
             bindings = b;
         } else if plain {
             for l in phase.launches() {
-                launch(
-                    &self.gpu.stream,
-                    &mut self.kernels,
-                    l,
-                    &self.memory,
-                    &bindings,
-                )?;
+                self.launch_one(l, &bindings)?;
             }
         } else {
             // A node is complete after the last step that names it: a concat's copies come
@@ -903,13 +896,7 @@ impl Executor for CudaExecutor {
                 .collect();
             for (i, step) in phase.steps.iter().enumerate() {
                 if let Step::Launch(l) = step {
-                    launch(
-                        &self.gpu.stream,
-                        &mut self.kernels,
-                        l,
-                        &self.memory,
-                        &bindings,
-                    )?;
+                    self.launch_one(l, &bindings)?;
                 }
                 if last[step_node(step)] == i {
                     self.after_step(kind, step, &bindings, call, hook)?;
