@@ -2,7 +2,8 @@
 """torch.matmul on the GEMM shapes the GPU harness timed (gemm.json), for comparison.
 
 Usage: torch_gemm.py GEMM_JSON OUT_MD. Each shape is timed the way the harness times glmc's
-kernel: one warm-up, then 20 back-to-back runs between two CUDA events. Per-head GEMMs run as one
+kernel: rotating through copies of the operands (at least 120 MB, so from DRAM), back to back in
+one CUDA graph. Per-head GEMMs run as one
 torch.bmm over contiguous [heads, rows, K] operands (torch's best layout; glmc reads the heads in
 place, strided). f32 stays f32 (TF32 off, torch's default for matmul).
 """

@@ -6,8 +6,9 @@ Usage: torch_matmul.py GLMC_JSON OUT_JSON
 Every matmul node of the glmc run (its `gemm` shape: rows, heads, N, K) at each decode batch
 (the smallest context's points: a GEMM does not depend on the context) and at the prefill,
 layers folded (one shape per node kind; glmc's time is the mean over the layers). Each shape is
-timed like scripts/torch_gemm.py: one warm-up, then 20 back-to-back runs between two CUDA
-events. Per-head GEMMs run as one torch.bmm over contiguous operands. f32 stays f32 (no TF32).
+timed by `time_gemm`: rotating through copies of its operands so the weights come from DRAM, back
+to back in a CUDA graph. Per-head GEMMs run as one torch.bmm over contiguous operands. f32 stays
+f32 (no TF32).
 Writes schema glmc-bench-matmul/1 (bench/render.py renders it).
 """
 import json
@@ -18,13 +19,31 @@ import time
 import torch
 
 
-def time_us(fn, reps=20):
-    fn()
+# Bytes of operands a timing rotates through: twice the 60 MB L2 that issue 14 names, so the
+# weights come from DRAM as they do in a model, where every layer has its own.
+ROTATION_BYTES = 120 << 20
+
+
+def time_rotating(op, copies, reps):
+    """Microseconds per call of op(i) for i cycling through `copies`, `reps` calls back to back
+    in one CUDA graph (after a warm-up of every copy, which also lets cuBLAS pick its kernel)."""
+    for i in range(copies):
+        op(i)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op(0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for r in range(reps):
+            op(r % copies)
+    graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(reps):
-        fn()
+    graph.replay()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / reps
@@ -32,14 +51,18 @@ def time_us(fn, reps=20):
 
 def time_gemm(heads, rows, n, k, dtype):
     """Microseconds of x·wᵀ for x [heads, rows, k] and w [heads, n, k] ("bf16" or "f32"):
-    torch.matmul for one head, one torch.bmm over contiguous operands for several."""
+    torch.matmul for one head, one torch.bmm over contiguous operands for several. Timed as
+    glmc's GPU harness times its kernels: through copies of the operands that span at least
+    ROTATION_BYTES (at most 64 copies), back to back in one CUDA graph."""
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
-    x = torch.randn(heads, rows, k, device="cuda", dtype=dt)
-    w = torch.randn(heads, n, k, device="cuda", dtype=dt)
+    size = (heads * rows * k + heads * n * k) * (2 if dtype == "bf16" else 4)
+    copies = min(max(1, -(-ROTATION_BYTES // size)), 64)
+    reps = max(20, copies)
+    xs = [torch.randn(heads, rows, k, device="cuda", dtype=dt) for _ in range(copies)]
+    ws = [torch.randn(heads, n, k, device="cuda", dtype=dt) for _ in range(copies)]
     if heads == 1:
-        x2, w2 = x[0], w[0]
-        return time_us(lambda: torch.matmul(x2, w2.t()))
-    return time_us(lambda: torch.bmm(x, w.transpose(1, 2)))
+        return time_rotating(lambda i: torch.matmul(xs[i][0], ws[i][0].t()), copies, reps)
+    return time_rotating(lambda i: torch.bmm(xs[i], ws[i].transpose(1, 2)), copies, reps)
 
 
 def shapes(doc):
