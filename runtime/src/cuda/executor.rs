@@ -379,11 +379,6 @@ impl CudaExecutor {
         self
     }
 
-    /// How many decode graphs have been captured (one per batch size and context bucket seen).
-    pub fn graphs_captured(&self) -> usize {
-        self.graphs.as_ref().map_or(0, Graphs::len)
-    }
-
     /// Captures the CUDA graph of decode at the sizes of `bindings` unless it was captured
     /// before (see [`super::graphs`]): the bindings it runs under, its context rounded up to a
     /// bucket, and its key.

@@ -61,15 +61,6 @@ impl Graphs {
         decode_bindings(b, context_bucket(t, max_context))
     }
 
-    /// How many graphs are held (one per size seen).
-    pub fn len(&self) -> usize {
-        self.by_size.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_size.is_empty()
-    }
-
     /// Whether the step of `size` (batch, context bucket) has been captured.
     pub fn has(&self, size: GraphSize) -> bool {
         self.by_size.contains_key(&size)
