@@ -1421,8 +1421,8 @@ fn random_bf16(rng: &mut Rng, shape: Vec<usize>, scale: f32) -> Tensor {
 /// The grouped expert GEMMs at GLM-5's shapes (hidden 6144, expert intermediate 2048, top-8 of
 /// 256 experts, bf16) as the lowering launches them: decode at 1, 8 and 64 tokens (the skinny
 /// kernel) and prefill at 67 tokens (the tensor-core kernel; a period that is no multiple of its
-/// tiles) against the interpreter, and prefill at 4096 tokens timed only, since the interpreter
-/// would take minutes. The routing is drawn over all 256 experts (8 distinct per token, uniform); only the
+/// tiles) against the interpreter, and prefill at 4096 tokens on sampled routed rows against the
+/// host (`sampled_moe_rows`), since the interpreter would take minutes. The routing is drawn over all 256 experts (8 distinct per token, uniform); only the
 /// experts that get rows are in the weight table, relabelled in id order, so a run moves what
 /// GLM-5's would (the active experts' weights, the same rows per expert) without 19 GiB of
 /// stacked weights. The table's experts cycle through 8 random ones (`repeat_rows`), so a
@@ -1447,6 +1447,123 @@ fn glm5_moe_grouped_gemms_at_prefill_match_the_interpreter_and_are_timed() {
         &[("prefill", "s", 67), ("prefill", "s", 4096)],
         "moe-prefill.md",
     );
+}
+
+/// Routed rows of a large `moe.gate_up` or `moe.down` run against the same rows computed on the
+/// host in f64 from the op's inputs (the interpreter would take minutes at 4096 tokens): every
+/// row next to a 64-row boundary of the expert with the most rows (the tensor-core kernel's
+/// tiles end there) and 16 rows spread over all. `ins` are the op's inputs as the test made
+/// them, `gpu` its output; returns the GPU's sampled values, the reference and the row count.
+fn sampled_moe_rows(
+    op: &Op,
+    ins: &[Tensor],
+    gpu: &[f64],
+    top_k: usize,
+) -> (Vec<f64>, Vec<f64>, usize) {
+    let offsets = ins[1].as_i64().unwrap();
+    let w0 = ins[2].as_f32().unwrap();
+    let (n, k) = (ins[2].shape()[1], ins[2].shape()[2]);
+    let routed = *offsets.last().unwrap() as usize;
+    let owner = |r: usize| offsets.iter().rposition(|&o| o as usize <= r).unwrap();
+    let biggest = (0..offsets.len() - 1)
+        .max_by_key(|&e| offsets[e + 1] - offsets[e])
+        .unwrap();
+    let (start, end) = (offsets[biggest] as usize, offsets[biggest + 1] as usize);
+    let mut rows: Vec<usize> = (start..end)
+        .filter(|r| matches!((r - start) % 64, 0 | 63))
+        .chain((0..16).map(|i| i * routed / 16))
+        .chain([end - 1, routed - 1])
+        .collect();
+    rows.sort_unstable();
+    rows.dedup();
+    let dot =
+        |a: &[f32], b: &[f32]| -> f64 { a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum() };
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for &r in &rows {
+        let e = owner(r);
+        got.extend_from_slice(&gpu[r * n..(r + 1) * n]);
+        let span = |c: usize| (e * n + c) * k..(e * n + c + 1) * k;
+        match op {
+            Op::MoeGateUp {} => {
+                let (x, w1, order) = (
+                    ins[0].as_f32().unwrap(),
+                    ins[3].as_f32().unwrap(),
+                    ins[4].as_i64().unwrap(),
+                );
+                let t = order[r] as usize / top_k;
+                let xr = &x[t * k..(t + 1) * k];
+                want.extend((0..n).map(|c| {
+                    let g = dot(xr, &w0[span(c)]);
+                    g / (1.0 + (-g).exp()) * dot(xr, &w1[span(c)])
+                }));
+            }
+            _ => {
+                let h = ins[0].as_f32().unwrap();
+                let hr = &h[r * k..(r + 1) * k];
+                want.extend((0..n).map(|c| dot(hr, &w0[span(c)])));
+            }
+        }
+    }
+    (got, want, rows.len())
+}
+
+/// The host reference of `sampled_moe_rows` is the interpreter's `moe.gate_up` and `moe.down`:
+/// on a small routing (40 tokens, top 4 of 16 experts, f32), its rows equal the interpreter's.
+#[test]
+fn sampled_moe_rows_are_the_interpreters() {
+    use glmc_ir::Dim;
+    let (tokens, top_k, experts, n, k) = (40usize, 4usize, 16usize, 24usize, 64usize);
+    let mut rng = Rng(0x5eed);
+    let ids = route(&mut rng, tokens, top_k, experts);
+    let (offsets, order, _) = sort_pairs(&ids, experts);
+    let c = |v: usize| Dim::Const(v as u64);
+    let ty = |shape: Vec<Dim>| TensorType::new(DType::F32, shape);
+    let int = |shape: Vec<Dim>| TensorType::new(DType::I64, shape);
+    let random = |rng: &mut Rng, shape: Vec<usize>| {
+        let count = shape.iter().product();
+        Tensor::f32(shape, (0..count).map(|_| rng.uniform() - 0.5).collect()).unwrap()
+    };
+    for op in [Op::MoeGateUp {}, Op::MoeDown {}] {
+        let mut f = Function::new("decode");
+        let (operands, ins) = match op {
+            Op::MoeGateUp {} => {
+                let x = f.push_input(0, "x", ty(vec![c(tokens), c(k)]));
+                let off = f.push_input(1, "offsets", int(vec![c(experts + 1)]));
+                let w0 = f.push_input(2, "w0", ty(vec![c(experts), c(n), c(k)]));
+                let w1 = f.push_input(3, "w1", ty(vec![c(experts), c(n), c(k)]));
+                let ord = f.push_input(4, "order", int(vec![c(tokens), c(top_k)]));
+                let ins = vec![
+                    random(&mut rng, vec![tokens, k]),
+                    Tensor::i64(vec![experts + 1], offsets.clone()).unwrap(),
+                    random(&mut rng, vec![experts, n, k]),
+                    random(&mut rng, vec![experts, n, k]),
+                    Tensor::i64(vec![tokens, top_k], order.clone()).unwrap(),
+                ];
+                (vec![x, ord, off, w0, w1], ins)
+            }
+            _ => {
+                let h = f.push_input(0, "h", ty(vec![c(tokens), c(top_k), c(k)]));
+                let off = f.push_input(1, "offsets", int(vec![c(experts + 1)]));
+                let w0 = f.push_input(2, "w0", ty(vec![c(experts), c(n), c(k)]));
+                let ins = vec![
+                    random(&mut rng, vec![tokens, top_k, k]),
+                    Tensor::i64(vec![experts + 1], offsets.clone()).unwrap(),
+                    random(&mut rng, vec![experts, n, k]),
+                ];
+                (vec![h, off, w0], ins)
+            }
+        };
+        let node = f.push(op.clone(), op.name(), &operands).unwrap();
+        f.results.push(("out0".into(), node.into()));
+        let mut m = Module::new("moe");
+        m.functions.push(f.clone());
+        let out = interpret(&m, &f, &ins).unwrap();
+        let all: Vec<f64> = out[0].as_f32().unwrap().iter().map(|x| *x as f64).collect();
+        let (got, want, rows) = sampled_moe_rows(&op, &ins, &all, top_k);
+        assert!(rows > 16, "{rows} rows");
+        let e = compare(&got, &want, DType::F32).unwrap();
+        assert!(e < 1e-6, "{}: {e:e}", op.name());
+    }
 }
 
 /// The grouped GEMMs at each `(phase, symbol, tokens)` of `cases`.
@@ -1591,7 +1708,16 @@ fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
                     }
                 }
             } else {
-                "timed only".into()
+                let at = &run.phase.results[0].1;
+                let gpu = gather(&bytes_of(&run, at), at, &b);
+                let (got, want, rows) = sampled_moe_rows(op, &ins, &gpu, TOP_K);
+                match compare(&got, &want, at.dtype) {
+                    Ok(e) => format!("{e:.1e} ({rows} sampled rows)"),
+                    Err(why) => {
+                        failures.push(format!("{phase} {tokens} {}: {why}", op.name()));
+                        "FAIL".into()
+                    }
+                }
             };
             ins.clear();
             let kernel = launched(&run.phase, &b).join(",");
