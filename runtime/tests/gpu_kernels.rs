@@ -2348,15 +2348,7 @@ fn glm5_indexer_matches_and_is_timed() {
         };
         let (score_module, score_fn) = score(DType::BF16);
         let (baseline_module, _) = score(DType::F32);
-        let mut topk_fn = Function::new(phase);
-        let s_in = topk_fn.push_input(0, "scores", ty(DType::F32, vec![row.clone(), t.clone()]));
-        let p = topk_fn.push_input(1, "positions", ty(DType::I64, vec![row.clone()]));
-        let node = topk_fn
-            .push(Op::DsaTopk { k: TOP_K as u64 }, "topk", &[s_in, p])
-            .unwrap();
-        topk_fn.results.push(("topk".into(), node.into()));
-        let mut topk_module = Module::new("indexer");
-        topk_module.functions.push(topk_fn.clone());
+        let (topk_module, topk_fn) = topk_module(phase, sym, TOP_K);
 
         let positions: Vec<i64> = if case.contains("ragged") {
             (0..rows)
@@ -2526,6 +2518,23 @@ fn glm5_indexer_matches_and_is_timed() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A module of one `dsa.topk` node in function `phase`: scores `f32 [rows, t]` and positions
+/// `i64 [rows]` in, the `k` best keys of each row out.
+fn topk_module(phase: &str, rows: &str, k: usize) -> (Module, Function) {
+    use glmc_ir::Dim;
+    let (r, t) = (Dim::Sym(rows.into()), Dim::Sym("t".into()));
+    let mut f = Function::new(phase);
+    let s_in = f.push_input(0, "scores", TensorType::new(DType::F32, vec![r.clone(), t]));
+    let p = f.push_input(1, "positions", TensorType::new(DType::I64, vec![r]));
+    let node = f
+        .push(Op::DsaTopk { k: k as u64 }, "topk", &[s_in, p])
+        .unwrap();
+    f.results.push(("topk".into(), node.into()));
+    let mut m = Module::new("topk");
+    m.functions.push(f.clone());
+    (m, f)
+}
+
 /// `dsa.topk` of `f` (in `m`) on the GPU, timed, and in the interpreter on the same inputs: the
 /// run, the GPU's lists of `k` keys, and the first row whose lists differ.
 fn topk_on_gpu(
@@ -2560,20 +2569,10 @@ fn topk_on_gpu(
 #[test]
 #[ignore = "gpu"]
 fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
-    use glmc_ir::Dim;
     const TOP_K: usize = 2048;
     let dev = Device::open();
     let mut rng = Rng(0x7135);
-    let (b, t) = (Dim::Sym("b".into()), Dim::Sym("t".into()));
-    let mut f = Function::new("decode");
-    let s_in = f.push_input(0, "scores", TensorType::new(DType::F32, vec![b.clone(), t]));
-    let p = f.push_input(1, "positions", TensorType::new(DType::I64, vec![b]));
-    let node = f
-        .push(Op::DsaTopk { k: TOP_K as u64 }, "topk", &[s_in, p])
-        .unwrap();
-    f.results.push(("topk".into(), node.into()));
-    let mut m = Module::new("topk");
-    m.functions.push(f.clone());
+    let (m, f) = topk_module("decode", "b", TOP_K);
     let mut failures = Vec::new();
     for (case, context) in [
         ("every score equal", 32768usize),
