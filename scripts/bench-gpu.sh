@@ -24,11 +24,7 @@ results="${BENCH_RESULTS:-bench/results/latest}"
 model=models/glm5-slice.ron
 case "${1:-}" in
 build)
-    mkdir -p .gpu
-    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
-    cargo build --release --locked --bin glmc
-    cp target/release/glmc .gpu/glmc
-    ls -la .gpu
+    exec scripts/gpu-test.sh build glmc
     ;;
 run)
     mkdir -p "$out"

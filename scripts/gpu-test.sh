@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU tests, in two halves around one device call.
 #
-#   scripts/gpu-test.sh build   # here: builds the GPU test binaries (release, no debug info)
+#   scripts/gpu-test.sh build [glmc]  # here: builds the GPU test binaries (release, no debug
+#                               # info; with `glmc`, only the glmc binary)
 #                               # into .gpu/ (git-ignored), small enough to carry (< 64 MiB)
 #   scripts/gpu-test.sh run [ARGS]    # on the GPU machine, from the repository root: runs them
 #                               # all; ARGS go to every test binary (a name filter, or
@@ -19,6 +20,11 @@ build)
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
     cargo build --release --locked --bin glmc
     cp target/release/glmc .gpu/glmc
+    # `build glmc` (what scripts/bench-gpu.sh needs) stops here.
+    if [ "${2:-}" = glmc ]; then
+        ls -la .gpu
+        exit 0
+    fi
     # The test binaries with GPU tests, by name: the kernel harness, the oracle, the
     # cross-device traces and the GLM-5-sized runs.
     cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle --test trace --test glm5_gpu \

@@ -225,23 +225,24 @@ impl Tensor {
                 })
         });
         fn gather<'a, T>(
-            runs: impl Iterator<Item = Result<std::slice::ChunksExact<'a, u8>, TensorError>>,
+            runs: impl ExactSizeIterator<Item = Result<std::slice::ChunksExact<'a, u8>, TensorError>>,
+            run: usize,
             value: impl Fn(&[u8]) -> T,
         ) -> Result<Vec<T>, TensorError> {
-            let mut out = Vec::new();
+            let mut out = Vec::with_capacity(runs.len() * run);
             for r in runs {
                 out.extend(r?.map(&value));
             }
             Ok(out)
         }
         let data = match dtype {
-            DType::F32 => Data::F32(gather(runs, |b| {
+            DType::F32 => Data::F32(gather(runs, run, |b| {
                 f32::from_le_bytes([b[0], b[1], b[2], b[3]])
             })?),
-            DType::BF16 => Data::F32(gather(runs, |b| {
+            DType::BF16 => Data::F32(gather(runs, run, |b| {
                 half::bf16::from_le_bytes([b[0], b[1]]).to_f32()
             })?),
-            DType::I64 => Data::I64(gather(runs, |b| {
+            DType::I64 => Data::I64(gather(runs, run, |b| {
                 i64::from_le_bytes(b.try_into().expect("8 bytes"))
             })?),
             _ => return Err(TensorError::DeviceDType { op, dtype }),
