@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
 build)
     mkdir -p .gpu
-    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+    exclude="$(git rev-parse --git-common-dir)/info/exclude"
+    grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
     cargo build --release --locked --bin glmc
     cp target/release/glmc .gpu/glmc
     # `build glmc` (what scripts/bench-gpu.sh needs) stops here.

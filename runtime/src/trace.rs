@@ -967,9 +967,11 @@ fn digest_difference(integer: bool, a: &Digest, b: &Digest) -> f64 {
     }
     let scale = a.l2.max(b.l2).max(f64::MIN_POSITIVE);
     let norms = (a.l2 - b.l2).abs() / scale;
-    // First values are judged against the block's size: sqrt(n) values of magnitude
-    // l2/sqrt(n).
-    let per_value = scale / (a.len.max(1) as f64).sqrt();
+    // First values are judged against the block's size: n finite values of magnitude
+    // l2/sqrt(n). A masked -inf adds nothing to l2, so counting it would shrink that magnitude
+    // (the first query row of a causal score holds one finite value among the whole context).
+    let finite = a.len.saturating_sub(a.non_finite).max(1);
+    let per_value = scale / (finite as f64).sqrt();
     let values = a
         .first
         .iter()
@@ -1056,6 +1058,20 @@ mod tests {
         assert!(compare(&[e], &[fewer_masked], 1e-6)
             .first_divergence
             .is_some());
+    }
+
+    #[test]
+    fn masked_values_do_not_scale_down_a_rows_first_values() {
+        // A causal score's first row: one finite score among 64 keys, 0.5% apart.
+        let row = |x: f64| {
+            let mut e = entry("scores", 0, x.abs(), vec![x, f64::NEG_INFINITY]);
+            e.shape = vec![64, 64];
+            e.non_finite = 63;
+            e
+        };
+        let c = compare(&[row(-0.3743)], &[row(-0.3724)], 1e-3);
+        let d = c.first_divergence.expect("the rows differ");
+        assert!((d.relative - 0.0019 / 0.3743).abs() < 1e-9, "{}", d.relative);
     }
 
     #[test]
