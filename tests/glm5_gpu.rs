@@ -5,15 +5,14 @@
 
 mod common_oracle;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use common_oracle::{glmc, glmc_run, repo_root, row_errors};
+use glmc_runtime::trace::{difference, read_trace, TraceEntry};
 
 /// The f32 tolerance of the oracle tests: max |GPU − CPU| / max |CPU| per logits row.
 const F32_TOL: f64 = 1e-4;
-/// bf16 against f32, per traced value (compare-trace's relative difference), while the two runs
-/// make the same top-k picks: the oracle's bound for bf16 logits (`BF16_TOL` in tests/oracle.rs).
-const BF16_RTOL: &str = "3e-2";
 
 /// `n` token ids spread over GLM-5's vocabulary (a fixed pseudo-random walk, so every run of the
 /// test feeds the same prompt).
@@ -64,22 +63,28 @@ fn traced(model: &str, prompt: &str, trace: &Path, extra: &[&str]) {
 }
 
 /// GLM-5's real dimensions in f32 (`glm5-2layer`, 64-token prompt): the GPU's logits match the
-/// interpreter's within 1e-4 at every position, with the same greedy tokens; and the bf16 GPU
-/// run's trace of the prompt lines up with the interpreter's f32 trace up to the first top-k
-/// decision that differs (compare-trace at the bf16 tolerance either finds no divergence, or
-/// finds a top-k decision first; the interpreter's decode steps have no counterpart there).
+/// interpreter's within 1e-4 at every position, with the same greedy tokens. In bf16, the GPU
+/// run's trace of the prompt strays from the interpreter's f32 trace, node by node until the
+/// first top-k decision that differs, no further than [`BF16_SPREAD`] times what the
+/// interpreter's own bf16 run (bf16 weights, values held in f32) strays there.
+///
+/// Why a measured bound and not one tolerance: at these widths bf16 rounding of the weights
+/// alone moves the interpreter's values by up to 2.6e-2 of a typical element at the attention
+/// output and 1e-1 after the dense MLP's SiLU·mul (compare-trace's measure; a one-layer cut of
+/// this model on the CPU, 2026-12-01, tests/gpu/README.md), so a fixed 3e-2 failed the
+/// interpreter against itself; a wrong kernel parts by O(1), far past the bound.
 #[test]
 #[ignore = "gpu"]
 fn glm5_2layer_on_the_gpu_matches_the_interpreter() {
     let model = model("glm5-2layer.ron");
     let prompt = prompt(64);
     let tmp = tempfile::tempdir().expect("a temporary directory");
-    let (cpu_trace, bf16_trace) = (tmp.path().join("cpu.trace"), tmp.path().join("bf16.trace"));
+    let trace = |name: &str| tmp.path().join(format!("{name}.trace"));
     let args = ["--prompt-ids", prompt.as_str(), "--random-weights", "11"];
     let cpu = glmc_run(
         Path::new(&model),
         4,
-        &[&args[..], &["--trace", cpu_trace.to_str().unwrap()]].concat(),
+        &[&args[..], &["--trace", trace("f32").to_str().unwrap()]].concat(),
     );
     let cuda = glmc_run(
         Path::new(&model),
@@ -96,32 +101,76 @@ fn glm5_2layer_on_the_gpu_matches_the_interpreter() {
     assert!(e.rows_over(F32_TOL).is_empty(), "{}", e.summary());
     assert_eq!(cuda.dump.generated, cpu.dump.generated);
 
+    traced(&model, &prompt, &trace("cpu-bf16"), &["--dtype", "bf16"]);
     traced(
         &model,
         &prompt,
-        &bf16_trace,
+        &trace("cuda-bf16"),
         &["--device", "cuda", "--dtype", "bf16"],
     );
-    let out = glmc(&[
-        "compare-trace",
-        cpu_trace.to_str().unwrap(),
-        bf16_trace.to_str().unwrap(),
-        "--rtol",
-        BF16_RTOL,
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    println!("glm5-2layer, interpreter f32 vs cuda bf16 trace:\n{text}");
-    match out.status.code() {
-        Some(0) => {}
-        Some(1) => assert!(
-            text.contains("top-k decision that differs: here"),
-            "a value diverged past {BF16_RTOL} before any top-k decision differed:\n{text}"
-        ),
-        _ => panic!(
-            "compare-trace failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
+    let read = |name: &str| read_trace(&trace(name)).expect("a trace the run wrote");
+    let spread = bf16_spread(&read("f32"), &read("cpu-bf16"), &read("cuda-bf16"));
+    println!("glm5-2layer bf16 against the interpreter's f32, per node before the first top-k difference:");
+    println!("| node | interpreter bf16 | cuda bf16 |\n|---|---|---|");
+    for (node, reference, gpu) in &spread {
+        println!("| {node} | {reference:.2e} | {gpu:.2e} |");
     }
+    assert!(
+        spread.len() > 20,
+        "too few nodes before the first top-k difference: {spread:?}"
+    );
+    let over: Vec<_> = spread
+        .iter()
+        .filter(|(_, reference, gpu)| *gpu > BF16_SPREAD * reference.max(BF16_ULP))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "the GPU's bf16 run strays past {BF16_SPREAD}× the interpreter's: {over:?}"
+    );
+}
+
+/// How far the GPU's bf16 trace may stray from the f32 reference, as a multiple of how far the
+/// interpreter's bf16 run strays: the GPU also rounds every value it stores to bf16, a second
+/// rounding of the same size as the weights' (about √2 of the spread), and a kernel defect
+/// moves values by O(1).
+const BF16_SPREAD: f64 = 3.0;
+/// A spread below bf16's own rounding (2^-8 relative) is judged against that.
+const BF16_ULP: f64 = 1.0 / 256.0;
+
+/// Per node of `reference` (in execution order), the largest difference from it of `a` and of
+/// `b` (`trace::difference`), over the entries before either run's first top-k decision that
+/// differs from the reference's.
+fn bf16_spread(
+    reference: &[TraceEntry],
+    a: &[TraceEntry],
+    b: &[TraceEntry],
+) -> Vec<(String, f64, f64)> {
+    let key = |e: &TraceEntry| (e.call.clone(), e.node.clone(), e.output, e.position);
+    let index = |t: &[TraceEntry]| -> HashMap<_, TraceEntry> {
+        t.iter().map(|e| (key(e), e.clone())).collect()
+    };
+    let (a, b) = (index(a), index(b));
+    let mut spread: Vec<(String, f64, f64)> = Vec::new();
+    for e in reference {
+        let (Some(ea), Some(eb)) = (a.get(&key(e)), b.get(&key(e))) else {
+            continue;
+        };
+        let (da, db) = (difference(e, ea), difference(e, eb));
+        if e.is_topk() {
+            if da > 0.0 || db > 0.0 {
+                break;
+            }
+            continue;
+        }
+        match spread.last_mut() {
+            Some((node, worst_a, worst_b)) if *node == e.node => {
+                *worst_a = worst_a.max(da);
+                *worst_b = worst_b.max(db);
+            }
+            _ => spread.push((e.node.clone(), da, db)),
+        }
+    }
+    spread
 }
 
 /// `glm5-slice` (bf16, four layers at GLM-5's size, ~64 GB of random weights made on the GPU):

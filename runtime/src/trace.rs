@@ -224,6 +224,13 @@ pub struct TraceEntry {
     pub parts: Option<Parts>,
 }
 
+impl TraceEntry {
+    /// Whether the record is a top-k decision (selected key or expert indices).
+    pub fn is_topk(&self) -> bool {
+        self.integer && TOPK_OPS.contains(&self.op.as_str())
+    }
+}
+
 /// A value cut into equal blocks along `axis` (of the entry's shape), each digested.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Parts {
@@ -665,7 +672,7 @@ pub struct BlockDivergence {
 impl Divergence {
     /// Whether the entries are a top-k decision (selected key or expert indices).
     pub fn is_topk(&self) -> bool {
-        self.a.integer && TOPK_OPS.contains(&self.a.op.as_str())
+        self.a.is_topk()
     }
 }
 
@@ -931,7 +938,10 @@ fn rank_block(
     Ok((worst, block))
 }
 
-fn difference(a: &TraceEntry, b: &TraceEntry) -> f64 {
+/// How far `b` is from `a` (two records of one value): the relative difference of their L2
+/// norms, or of their first values judged against the size of a typical finite element,
+/// whichever is larger; 0 for equal records, infinite for integers that differ.
+pub fn difference(a: &TraceEntry, b: &TraceEntry) -> f64 {
     // First values are judged against the row's size.
     let len = a
         .shape
@@ -1071,7 +1081,11 @@ mod tests {
         };
         let c = compare(&[row(-0.3743)], &[row(-0.3724)], 1e-3);
         let d = c.first_divergence.expect("the rows differ");
-        assert!((d.relative - 0.0019 / 0.3743).abs() < 1e-9, "{}", d.relative);
+        assert!(
+            (d.relative - 0.0019 / 0.3743).abs() < 1e-9,
+            "{}",
+            d.relative
+        );
     }
 
     #[test]
