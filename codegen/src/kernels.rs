@@ -863,15 +863,30 @@ const TILED_GEMM: GemmTile = GemmTile {
     ],
 };
 
-/// bf16 on the tensor cores for a few rows: 64 × 16 tiles, split-K over 8 warps
-/// (`gemm_skinny.cu`).
+/// bf16 on the tensor cores for a few rows: 64 × 16 tiles, split-K over 8 warps, two chunks of
+/// weight loads in flight per warp (`gemm_skinny.cu`).
 const SKINNY_GEMM: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 64,
     cols: 16,
     shared: 8 * 32 * 32 * 4,
     dynamic: false,
-    params: &[],
+    params: &[("depth", 2), ("mt", 4)],
+};
+
+/// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
+/// tile, so a quarter of the accumulators. ptxas gave the 64-row kernel 115 registers on sm_90a
+/// (two blocks an SM), and every GLM-5 decode projection but the lm_head reached only 50-66% of
+/// the copy roofline on an H200 (tests/gpu/results/2026-12-01l/gemm.md). This one holds three
+/// blocks an SM (at most 85 registers; 72-80 on sm_90a and sm_120 for GLM-5, no spills, where
+/// four blocks spilled) with three chunks in flight per warp: about twice the loads in flight.
+const SKINNY_GEMM_16: GemmTile = GemmTile {
+    template: "gemm_skinny",
+    rows: 16,
+    cols: 16,
+    shared: 8 * 8 * 32 * 4,
+    dynamic: false,
+    params: &[("depth", 3), ("min_blocks", 3), ("mt", 1)],
 };
 
 /// SIMT for a few rows, any dtype: 8 rows × 16 columns, one warp per column pair, K split over
@@ -904,29 +919,31 @@ fn gemm_tile(x: &TensorRef, w: &TensorRef, xl: &Lead, x_head: &Poly, k: u64) -> 
     }
 }
 
-/// Prefill rows up to which the skinny GEMM runs instead of the tiled one: measured on an H200
-/// (tests/gpu/README.md), at 1 and 8 rows the tiled kernel's 128-row tiles leave most of the GPU
-/// idle (GLM-5's o_proj: 261 us against the skinny kernel's 100), while at 64 rows neither wins
-/// everywhere.
-const SKINNY_PREFILL_ROWS: i64 = 16;
+/// Rows up to which the 16-row skinny GEMM runs (its tile). In a prefill it replaces the tiled
+/// GEMM there: measured on an H200 (tests/gpu/README.md), at 1 and 8 rows the tiled kernel's
+/// 128-row tiles leave most of the GPU idle (GLM-5's o_proj: 261 us against the skinny kernel's
+/// 100), while at 64 rows neither wins everywhere. In a decode it replaces the 64-row skinny one.
+const NARROW_GEMM_ROWS: i64 = 16;
 
 /// `matmul`, `matmul.heads` (`heads`: one weight matrix per head, x and y `[.., H, d]`) and
-/// `matmul.rope` (`rope`: a rotation of some columns at the row's position, as an epilogue). A
-/// prefill on the tensor cores gets two kernels, the tiled one and, for a few rows, the skinny
-/// one; the row count at run time picks.
+/// `matmul.rope` (`rope`: a rotation of some columns at the row's position, as an epilogue). On
+/// the tensor cores a node gets two kernels and the row count at run time picks: the 16-row
+/// skinny one for up to 16 rows, and above that the tiled one (a prefill) or the 64-row skinny
+/// one (a decode batch).
 fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowering, String> {
-    let (mut tiled, rows) = matmul(cx, heads, rope, None, None)?;
-    if tiled.spec.template != TILED_GEMM.template {
-        return Ok(Lowering::Launch(tiled));
+    let (mut wide, rows) = matmul(cx, heads, rope, None, None)?;
+    let template = wide.spec.template;
+    if template != TILED_GEMM.template && template != SKINNY_GEMM.template {
+        return Ok(Lowering::Launch(wide));
     }
-    let tiled_sources = cx.sources.take();
-    let (mut skinny, _) = matmul(cx, heads, rope, Some(&SKINNY_GEMM), None)?;
-    let skinny_sources = cx.sources.take();
-    skinny.when = Some(Guard::at_most(rows.clone(), SKINNY_PREFILL_ROWS));
-    tiled.when = Some(Guard::above(rows, SKINNY_PREFILL_ROWS));
+    let wide_sources = cx.sources.take();
+    let (mut narrow, _) = matmul(cx, heads, rope, Some(&SKINNY_GEMM_16), None)?;
+    let narrow_sources = cx.sources.take();
+    narrow.when = Some(Guard::at_most(rows.clone(), NARROW_GEMM_ROWS));
+    wide.when = Some(Guard::above(rows, NARROW_GEMM_ROWS));
     Ok(Lowering::Launches(vec![
-        (skinny, skinny_sources),
-        (tiled, tiled_sources),
+        (narrow, narrow_sources),
+        (wide, wide_sources),
     ]))
 }
 

@@ -1,16 +1,21 @@
 {%- set argmax = argmax | default(value=false) -%}
 {% include "gemm_head.cuh" %}
     // Tensor-core GEMM for few rows (decode), where the weight's bytes set the time: each block
-    // computes 16 columns (two 8-column MMA tiles) of up to 64 rows of one head, and its 8 warps
-    // split K in interleaved 32-wide chunks (split-K inside the block, so even N = 2048 gives 128
-    // blocks); their partial sums are added in a fixed order through shared memory (8 warps ×
-    // 16 tiles × 128 floats = 32 KiB), so a result never depends on timing. There is no staging
-    // in shared memory: the sum over k does not care which k feeds which fragment slot as long as
-    // x and w agree, so lane (g, t4) loads k0 + 8 t4 .. + 7 of its row as one 16-byte vector and
-    // feeds two MMAs with it, and one warp-wide load is 8 weight rows × 64 contiguous bytes. Only
-    // the 16-row MMA tiles that hold rows run (one of four at batch 1); more than 64 rows take
-    // more blocks. Every block re-reads x (at most 64 rows × K) from L1/L2.
-    constexpr int WARPS = {{ threads }} / 32, NT = 2, BN = 8 * NT, MT = 4, BM = 16 * MT, CHUNK = 32;
+    // computes 16 columns (two 8-column MMA tiles) of {{ mt }} tile(s) of 16 rows of one head, and
+    // its 8 warps split K in interleaved 32-wide chunks (split-K inside the block, so even N =
+    // 2048 gives 128 blocks); their partial sums are added in a fixed order through shared memory
+    // (8 warps × 8 floats per row tile × 32 lanes), so a result never depends on timing. There is
+    // no staging in shared memory: the sum over k does not care which k feeds which fragment slot
+    // as long as x and w agree, so lane (g, t4) loads k0 + 8 t4 .. + 7 of its row as one 16-byte
+    // vector and feeds two MMAs with it, and one warp-wide load is 8 weight rows × 64 contiguous
+    // bytes. Each warp keeps {{ depth }} chunks of weight loads in flight (a ring of registers
+    // refilled as each chunk is multiplied): a weight byte is used once, so the kernel runs at
+    // the rate loads are in flight. The one-tile variant (at most 16 rows) holds a quarter of the
+    // accumulators, so more blocks fit an SM and each warp can keep more loads in flight. Only
+    // the row tiles that hold rows run; more rows take more blocks. Every block re-reads x (its
+    // rows × K) from L1/L2.
+    constexpr int WARPS = {{ threads }} / 32, NT = 2, BN = 8 * NT, MT = {{ mt }}, BM = 16 * MT, CHUNK = 32;
+    constexpr int DEPTH = {{ depth }};
     constexpr int N_TILES = (COLS + BN - 1) / BN;
     constexpr int CHUNKS = (K + CHUNK - 1) / CHUNK;
     __shared__ float partial[WARPS][MT * NT * 4][32];
@@ -45,8 +50,6 @@
     float acc[MT][NT][4];
     zero_tiles(acc);
 
-    // The weight vectors of the next chunk are loaded before this one is multiplied, so each
-    // warp keeps two chunks of loads in flight.
     const uint4 zero = make_uint4(0, 0, 0, 0);
     auto fetch = [&](int ch, uint4 (&wq)[NT]) {
         const int k0 = ch * CHUNK;
@@ -54,29 +57,34 @@
 #pragma unroll
         for (int ni = 0; ni < NT; ++ni) wq[ni] = wv[ni] && in_k ? ld_stream16(wr[ni] + k0) : zero;
     };
-    uint4 wq[NT], next[NT];
-    fetch(warp, wq);
-#pragma unroll 2
-    for (int ch = warp; ch < CHUNKS; ch += WARPS) {
-        fetch(ch + WARPS, next);
-        const int k0 = ch * CHUNK;
-        const bool in_k = k0 + t4 * 8 < K;
+    // Slot d of the ring holds chunk ch + d·WARPS; each warp takes its chunks in ascending order.
+    uint4 ring[DEPTH][NT];
 #pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-            if (mi < mt) {
-                const uint4 xa = xv[mi][0] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][0] + k0) : zero;
-                const uint4 xb = xv[mi][1] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][1] + k0) : zero;
-                // Slots (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
-                const unsigned lo[4] = {xa.x, xb.x, xa.y, xb.y}, hi[4] = {xa.z, xb.z, xa.w, xb.w};
+    for (int d = 0; d < DEPTH; ++d) fetch(warp + d * WARPS, ring[d]);
+    for (int ch = warp; ch < CHUNKS; ch += DEPTH * WARPS) {
 #pragma unroll
-                for (int ni = 0; ni < NT; ++ni) {
-                    mma_bf16(acc[mi][ni], lo, wq[ni].x, wq[ni].y);
-                    mma_bf16(acc[mi][ni], hi, wq[ni].z, wq[ni].w);
+        for (int d = 0; d < DEPTH; ++d) {
+            const int c = ch + d * WARPS;
+            if (c < CHUNKS) {
+                const int k0 = c * CHUNK;
+                const bool in_k = k0 + t4 * 8 < K;
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi) {
+                    if (mi < mt) {
+                        const uint4 xa = xv[mi][0] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][0] + k0) : zero;
+                        const uint4 xb = xv[mi][1] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][1] + k0) : zero;
+                        // Slots (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
+                        const unsigned lo[4] = {xa.x, xb.x, xa.y, xb.y}, hi[4] = {xa.z, xb.z, xa.w, xb.w};
+#pragma unroll
+                        for (int ni = 0; ni < NT; ++ni) {
+                            mma_bf16(acc[mi][ni], lo, ring[d][ni].x, ring[d][ni].y);
+                            mma_bf16(acc[mi][ni], hi, ring[d][ni].z, ring[d][ni].w);
+                        }
+                    }
                 }
             }
+            fetch(c + DEPTH * WARPS, ring[d]);
         }
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) wq[ni] = next[ni];
     }
 
 #pragma unroll

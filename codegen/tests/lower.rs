@@ -222,8 +222,9 @@ fn every_kernel_fits_sm120s_shared_memory() {
     }
 }
 
-/// A bf16 prefill GEMM has two kernels, the skinny one for a few rows and the tiled one for
-/// more, with complementary guards on the row count; a decode GEMM has one.
+/// A bf16 GEMM has two kernels with complementary guards on the row count: the 16-row skinny
+/// one for up to 16 rows, and for more the tiled one (prefill) or the 64-row skinny one
+/// (decode).
 #[test]
 fn prefill_gemms_pick_their_kernel_by_row_count() {
     use glmc_codegen::expr::Bindings;
@@ -257,8 +258,18 @@ fn prefill_gemms_pick_their_kernel_by_row_count() {
         .launches()
         .filter(|x| x.node == node)
         .collect();
-    assert!(decode.len() == 1 && decode[0].when.is_none());
-    assert!(decode[0].kernel.starts_with("glmc_gemm_skinny_"));
+    assert_eq!(decode.len(), 2);
+    assert!(decode
+        .iter()
+        .all(|x| x.kernel.starts_with("glmc_gemm_skinny_")));
+    assert_ne!(decode[0].kernel, decode[1].kernel);
+    for b in [1u64, 16, 17, 64] {
+        let bindings = Bindings::from([("b".to_string(), b)]);
+        let runs: Vec<usize> = (0..2)
+            .filter(|&i| decode[i].when.as_ref().unwrap().holds(&bindings) == Some(true))
+            .collect();
+        assert_eq!(runs, [usize::from(b > 16)], "b={b}");
+    }
 }
 
 /// GLM-5's absorbed attention (bf16, 64 heads of 512 + 64) takes the tensor-core kernel: per
