@@ -1720,11 +1720,13 @@ fn moe_route(
     }
     let (_, weights_row) = plain_rows(weights, 1, "the weights")?;
     let (_, experts_row) = plain_rows(experts, 1, "the experts")?;
-    let shared = 2 * e * 8 + groups * 8 + top_k * 4;
+    // A thread per expert, up to 1024.
+    let threads = e.next_multiple_of(32).min(1024);
+    let shared = 2 * e * 8 + groups * 8 + threads / 32 * 12 + top_k * 4;
     if shared > STATIC_SHARED_LIMIT {
         return Err(format!("{e} experts take {shared} bytes of shared memory"));
     }
-    let b = Builder::new("moe_route", 32)
+    let b = Builder::new("moe_route", threads as u32)
         .param("experts", e)
         .param("groups", groups)
         .param("keep", keep)
