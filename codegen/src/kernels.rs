@@ -939,6 +939,12 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
     let wide_sources = cx.sources.take();
     let (mut narrow, _) = matmul(cx, heads, rope, Some(&SKINNY_GEMM_16), None)?;
     let narrow_sources = cx.sources.take();
+    // A row count known to fit the narrow tile (the prefill's last-position lm_head) needs no
+    // wide kernel beside it.
+    if rows.as_const().is_some_and(|r| r <= NARROW_GEMM_ROWS) {
+        cx.sources.replace(narrow_sources);
+        return Ok(Lowering::Launch(narrow));
+    }
     narrow.when = Some(Guard::at_most(rows.clone(), NARROW_GEMM_ROWS));
     wide.when = Some(Guard::above(rows, NARROW_GEMM_ROWS));
     Ok(Lowering::Launches(vec![

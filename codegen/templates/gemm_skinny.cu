@@ -55,7 +55,9 @@
         const int k0 = ch * CHUNK;
         const bool in_k = ch < CHUNKS && k0 + t4 * 8 < K;
 #pragma unroll
-        for (int ni = 0; ni < NT; ++ni) wq[ni] = wv[ni] && in_k ? ld_stream16(wr[ni] + k0) : zero;
+        // The address stays inside the weight also where the load is not wanted, so a load the
+        // compiler issues ahead of the condition cannot fault.
+        for (int ni = 0; ni < NT; ++ni) wq[ni] = wv[ni] && in_k ? ld_stream16(wr[ni] + (in_k ? k0 : 0)) : zero;
     };
     // Slot d of the ring holds chunk ch + d·WARPS; each warp takes its chunks in ascending order.
     uint4 ring[DEPTH][NT];
