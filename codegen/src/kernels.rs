@@ -871,7 +871,7 @@ const SKINNY_GEMM: GemmTile = GemmTile {
     cols: 16,
     shared: 8 * 32 * 32 * 4,
     dynamic: false,
-    params: &[("depth", 2), ("mt", 4)],
+    params: &[("depth", 2), ("mt", 4), ("nt", 2)],
 };
 
 /// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
@@ -886,8 +886,26 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
     cols: 16,
     shared: 8 * 8 * 32 * 4,
     dynamic: false,
-    params: &[("depth", 3), ("min_blocks", 3), ("mt", 1)],
+    params: &[("depth", 3), ("min_blocks", 3), ("mt", 1), ("nt", 2)],
 };
+
+/// The 16-row one for a narrow weight: 8 columns a block, so twice the blocks, and six chunks
+/// in flight per warp (the same bytes in flight as three of 16 columns). On an H200 the 16-column
+/// kernel reached only 39% of the copy roofline on GLM-5's fused q_a/kv_a projection (2784
+/// columns: 174 blocks for 132 SMs) and 49% on the shared expert's 2048 columns
+/// (bench/results, 2026-12-01).
+const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
+    template: "gemm_skinny",
+    rows: 16,
+    cols: 8,
+    shared: 8 * 4 * 32 * 4,
+    dynamic: false,
+    params: &[("depth", 6), ("min_blocks", 3), ("mt", 1), ("nt", 1)],
+};
+
+/// Columns (over all heads) below which a weight takes [`SKINNY_GEMM_16_NARROW`]: 16-column
+/// tiles would give fewer than two blocks an SM on the larger of our targets (188 SMs).
+const NARROW_WEIGHT_COLUMNS: u64 = 2 * 188 * 16;
 
 /// SIMT for a few rows, any dtype: 8 rows × 16 columns, one warp per column pair, K split over
 /// the lanes (`gemv.cu`).
@@ -937,7 +955,16 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
         return Ok(Lowering::Launch(wide));
     }
     let wide_sources = cx.sources.take();
-    let (mut narrow, _) = matmul(cx, heads, rope, Some(&SKINNY_GEMM_16), None)?;
+    let w = &cx.operands[1];
+    let columns = w.shape[..w.shape.len() - 1]
+        .iter()
+        .map(|d| d.as_const().map(|c| c as u64))
+        .product::<Option<u64>>();
+    let narrow_tile = match columns {
+        Some(c) if c < NARROW_WEIGHT_COLUMNS => &SKINNY_GEMM_16_NARROW,
+        _ => &SKINNY_GEMM_16,
+    };
+    let (mut narrow, _) = matmul(cx, heads, rope, Some(narrow_tile), None)?;
     let narrow_sources = cx.sources.take();
     // A row count known to fit the narrow tile (the prefill's last-position lm_head) needs no
     // wide kernel beside it.

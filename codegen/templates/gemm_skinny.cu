@@ -1,7 +1,7 @@
 {%- set argmax = argmax | default(value=false) -%}
 {% include "gemm_head.cuh" %}
     // Tensor-core GEMM for few rows (decode), where the weight's bytes set the time: each block
-    // computes 16 columns (two 8-column MMA tiles) of {{ mt }} tile(s) of 16 rows of one head, and
+    // computes {{ nt }} 8-column MMA tile(s) of {{ mt }} tile(s) of 16 rows of one head, and
     // its 8 warps split K in interleaved 32-wide chunks (split-K inside the block, so even N =
     // 2048 gives 128 blocks); their partial sums are added in a fixed order through shared memory
     // (8 warps × 8 floats per row tile × 32 lanes), so a result never depends on timing. There is
@@ -11,10 +11,11 @@
     // bytes. Each warp keeps {{ depth }} chunks of weight loads in flight (a ring of registers
     // refilled as each chunk is multiplied): a weight byte is used once, so the kernel runs at
     // the rate loads are in flight. The one-tile variant (at most 16 rows) holds a quarter of the
-    // accumulators, so more blocks fit an SM and each warp can keep more loads in flight. Only
+    // accumulators, so more blocks fit an SM and each warp can keep more loads in flight; one
+    // 8-column MMA tile a block gives a narrow weight twice the blocks. Only
     // the row tiles that hold rows run; more rows take more blocks. Every block re-reads x (its
     // rows × K) from L1/L2.
-    constexpr int WARPS = {{ threads }} / 32, NT = 2, BN = 8 * NT, MT = {{ mt }}, BM = 16 * MT, CHUNK = 32;
+    constexpr int WARPS = {{ threads }} / 32, NT = {{ nt }}, BN = 8 * NT, MT = {{ mt }}, BM = 16 * MT, CHUNK = 32;
     constexpr int DEPTH = {{ depth }};
     constexpr int N_TILES = (COLS + BN - 1) / BN;
     constexpr int CHUNKS = (K + CHUNK - 1) / CHUNK;
