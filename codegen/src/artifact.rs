@@ -2,7 +2,7 @@
 //! config, the target, the launch schedule of every phase, the kernels and their tiles, the
 //! weights (checkpoint tensors and recipes) and the caches.
 
-use glmc_ir::{DType, Module, Op, Recipe};
+use glmc_ir::{DType, Module, Op, Recipe, Tp};
 use serde::{Deserialize, Serialize};
 
 use crate::lower::{Limits, Lowered};
@@ -11,8 +11,9 @@ use crate::schedule::{Kernel, Phase};
 
 /// Bumped whenever the manifest's meaning changes; the runtime refuses other versions (3: a
 /// guard is a row range, `above < rows ≤ at_most`, a node may have a launch sequence, and
-/// prefill takes the cache slot it fills).
-pub const MANIFEST_VERSION: u32 = 3;
+/// prefill takes the cache slot it fills; 4: a manifest is one tensor-parallel rank's, `tp`,
+/// and its schedule may hold collectives).
+pub const MANIFEST_VERSION: u32 = 4;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WeightEntry {
@@ -68,6 +69,8 @@ pub struct Manifest<C> {
     /// f32 validation artifact (FP32 FMA only, no tensor cores). Each weight entry carries its
     /// own dtype, which is what the runtime uploads, so running the artifact uses this one.
     pub dtype: DType,
+    /// Which rank of a tensor-parallel group the artifact is (degree 1: the whole model).
+    pub tp: Tp,
     /// False while any op has no kernel: such an artifact is never run.
     pub complete: bool,
     pub missing_ops: Vec<String>,
@@ -141,6 +144,7 @@ impl<C: Serialize> Manifest<C> {
             arch: lowered.target.nvcc_arch().to_string(),
             instructions: lowered.target.instructions().to_string(),
             dtype,
+            tp: module.tp,
             complete: missing.is_empty(),
             missing_ops: missing,
             cubin: None,

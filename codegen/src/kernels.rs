@@ -327,7 +327,8 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::AddRmsNorm { eps } => norm(cx, true, false, *eps),
         Op::LayerNorm { eps } => norm(cx, false, true, *eps),
         Op::Rope { interleaved, theta } => rope(cx, *interleaved, *theta),
-        Op::Embed {} => embed(cx),
+        Op::Embed {} => embed(cx, None),
+        Op::EmbedShard { start } => embed(cx, Some(*start)),
         Op::CacheUpdate { batched, .. } => cache_update(cx, *batched),
         Op::SampleArgmax {} => sample(cx, false),
         Op::SampleTopP {} => sample(cx, true),
@@ -565,7 +566,8 @@ fn rope(cx: &NodeCtx, interleaved: bool, theta: f64) -> Result<Lowering, String>
     ))
 }
 
-fn embed(cx: &NodeCtx) -> Result<Lowering, String> {
+/// `embed`, or with `shard` (the first vocabulary row the table holds) `embed.shard`.
+fn embed(cx: &NodeCtx, shard: Option<u64>) -> Result<Lowering, String> {
     let (y, table, ids) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     let y_rows = rows_of(y, "the output")?;
     let cols = const_cols(&y_rows, "the output")?;
@@ -580,20 +582,28 @@ fn embed(cx: &NodeCtx) -> Result<Lowering, String> {
         .div_ceil(32)
         .clamp(1, (ROW_THREADS / 32) as u64)
         * 32) as u32;
-    let k = Builder::new("embed", threads)
+    let template = if shard.is_some() {
+        "embed_shard"
+    } else {
+        "embed"
+    };
+    let k = Builder::new(template, threads)
         .param("cols", cols)
         .param("vec", vec)
         .param("vocab", vocab)
         .param("threads", threads)
         .dtype("y_t", y.dtype)?
         .dtype("table_t", table.dtype)?;
-    let args = vec![
+    let mut args = vec![
         cx.ptr("y", y),
         int("y_stride", y_rows.stride.clone()),
         cx.ptr("table", table),
         cx.ptr("ids", ids),
         int("rows", y_rows.rows.clone()),
     ];
+    if let Some(start) = shard {
+        args.push(int("start", Poly::constant(start as i64)));
+    }
     Ok(k.launch(GridDim::one_block_each(y_rows.rows), args))
 }
 

@@ -7,6 +7,10 @@
 //! - **launches** of kernels specialised from templates ([`crate::kernels`]): usually one; a
 //!   few in sequence (a split attention and its merge), or alternatives guarded by the row
 //!   count. A node's launches may share scratch buffers, live at its step alone;
+//! - a **collective** (`all_reduce`, `all_gather` of a tensor-parallel rank's graph): no kernel,
+//!   the runtime's NCCL call between contiguous tensors; a gather along an axis other than the
+//!   first lands rank-major in a scratch buffer, and one copy launch puts each rank's block in
+//!   place;
 //! - **missing**, for the ops no kernel exists for yet; the artifact then says it is incomplete.
 //!
 //! A `concat` is folded into its producers: an operand made by a kernel for the concat alone is
@@ -20,14 +24,14 @@
 
 use std::collections::HashMap;
 
-use glmc_ir::{Function, Module, NodeIndex, Op, Value};
+use glmc_ir::{Function, Module, NodeIndex, Op, Reduce, Value};
 use glmc_passes::plan_memory::{decode_bindings, place, Live};
 use sha2::{Digest, Sha256};
 
 use crate::expr::{Bindings, Poly};
 use crate::kernels::{self, Lowering, NodeCtx, Planned, Source};
 use crate::layout::{Buf, TensorRef};
-use crate::schedule::{ArgValue, Kernel, Launch, Phase, Step};
+use crate::schedule::{ArgValue, Collective, CollectiveOp, Kernel, Launch, Phase, Step};
 use crate::target::Target;
 
 /// The largest sizes an artifact serves: the arena and the caches are sized for them.
@@ -189,6 +193,13 @@ enum PendingStep {
         op: String,
         at: Loc,
     },
+    Collective {
+        node: String,
+        op: CollectiveOp,
+        ranks: u64,
+        input: Loc,
+        output: Loc,
+    },
     Missing {
         node: String,
         op: String,
@@ -274,6 +285,18 @@ impl<'a> State<'a> {
     }
 
     fn copy(&mut self, n: NodeIndex, dst: &Loc, src: &Loc) -> Result<(), LowerError> {
+        self.copy_for(n, dst, src, vec![dst.clone()])
+    }
+
+    /// A copy of `src` to `dst` whose launch names `outputs` as where the node's outputs land
+    /// (a gather's copy writes its whole output through a view of other axes).
+    fn copy_for(
+        &mut self,
+        n: NodeIndex,
+        dst: &Loc,
+        src: &Loc,
+        outputs: Vec<Loc>,
+    ) -> Result<(), LowerError> {
         // A cache state read in a prefill is the cache slot's, which only the device knows.
         let slot = match (&src.at.buf, self.slot()) {
             (Buf::State(_), Some(slot)) => Some(slot),
@@ -292,7 +315,7 @@ impl<'a> State<'a> {
             op: "copy".into(),
             planned,
             buffers,
-            outputs: vec![dst.clone()],
+            outputs,
         });
         Ok(())
     }
@@ -350,6 +373,9 @@ fn foldable_concat_parts(f: &Function) -> HashMap<Value, (Value, usize)> {
                     | Op::Slice { .. }
                     | Op::Concat { .. }
                     | Op::CacheUpdate { .. }
+                    // NCCL writes whole contiguous tensors, never a part of a concat.
+                    | Op::AllReduce { .. }
+                    | Op::AllGather { .. }
             );
             let only_user = f.users(v).len() == 1 && !results.contains(&v);
             let addressable = concat_part(f, concat, &whole, part).rows().is_some();
@@ -447,6 +473,19 @@ pub fn lower_function(
                 op,
                 at: resolve(&at),
             },
+            PendingStep::Collective {
+                node,
+                op,
+                ranks,
+                input,
+                output,
+            } => Step::Collective(Collective {
+                node,
+                op,
+                ranks,
+                input: resolve(&input),
+                output: resolve(&output),
+            }),
             PendingStep::Missing {
                 node,
                 op,
@@ -587,6 +626,27 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 },
             );
         }
+        Op::AllReduce {
+            op: Reduce::Sum,
+            ranks,
+        } => {
+            let input = contiguous(st, n, operands[0], &operand_locs[0], step)?;
+            let output = st.output(value, step)?;
+            st.locs.insert(value, output.clone());
+            st.steps.push(PendingStep::Collective {
+                node: node.name.clone(),
+                op: CollectiveOp::AllReduceSum,
+                ranks: *ranks,
+                input,
+                output,
+            });
+        }
+        Op::AllGather { axis, ranks } => {
+            let input = contiguous(st, n, operands[0], &operand_locs[0], step)?;
+            let output = st.output(value, step)?;
+            st.locs.insert(value, output.clone());
+            all_gather(st, n, *axis as usize, *ranks, input, output, step)?;
+        }
         Op::Concat { axis } => {
             if let Some(at) = adjacent_view(&operand_locs, *axis as usize) {
                 view(st, at);
@@ -709,6 +769,94 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
         }
     }
     Ok(())
+}
+
+/// `loc` (operand `value` of node `n`) as a contiguous tensor, copied into a fresh buffer when
+/// it is a strided view: NCCL reads and writes whole contiguous ranges.
+fn contiguous(
+    st: &mut State,
+    n: NodeIndex,
+    value: Value,
+    loc: &Loc,
+    step: usize,
+) -> Result<Loc, LowerError> {
+    if loc.at.is_contiguous() {
+        return Ok(loc.clone());
+    }
+    let dst = st.fresh(value, step)?;
+    st.copy(n, &dst, loc)?;
+    Ok(dst)
+}
+
+/// An `all_gather` of `input` along `axis` into `output`. NCCL concatenates the ranks' inputs
+/// rank after rank, which is the gather along the first axis; along another axis (the logits'
+/// vocabulary) it gathers into a scratch buffer `[ranks, ..input]`, and one copy, reading that
+/// buffer with its rank axis moved to `axis`, writes each rank's block into its columns.
+fn all_gather(
+    st: &mut State,
+    n: NodeIndex,
+    axis: usize,
+    ranks: u64,
+    input: Loc,
+    output: Loc,
+    step: usize,
+) -> Result<(), LowerError> {
+    let node = st.f.node(n);
+    let collective = |st: &mut State, to: Loc| {
+        st.steps.push(PendingStep::Collective {
+            node: node.name.clone(),
+            op: CollectiveOp::AllGather,
+            ranks,
+            input: input.clone(),
+            output: to,
+        });
+    };
+    if axis == 0 {
+        collective(st, output);
+        return Ok(());
+    }
+    let rank = input.at.shape.len();
+    if rank + 1 > 4 {
+        return Err(st.error(
+            n,
+            format!("a gather of a rank-{rank} tensor along axis {axis} needs a copy of rank {}, and the copy kernel takes at most 4", rank + 1),
+        ));
+    }
+    let mut shape = vec![Poly::constant(ranks as i64)];
+    shape.extend(input.at.shape.iter().cloned());
+    let staged = TensorRef {
+        buf: Buf::Arena,
+        offset_bytes: Poly::zero(),
+        dtype: input.at.dtype,
+        strides: crate::layout::contiguous_strides(&shape),
+        shape,
+    };
+    let staging = Loc {
+        buffer: Some(st.new_buffer(&staged, step, n)?),
+        at: staged.clone(),
+    };
+    collective(st, staging.clone());
+    // The staging buffer read as [..before, ranks, block, ..after]: its rank axis moved to
+    // `axis`, the output's `axis` split into (rank, block).
+    let mut src = staged;
+    let rank_extent = src.shape.remove(0);
+    let rank_stride = src.strides.remove(0);
+    src.shape.insert(axis, rank_extent.clone());
+    src.strides.insert(axis, rank_stride);
+    let mut dst = output.at.clone();
+    let block = input.at.shape[axis].clone();
+    let inner = dst.strides[axis].clone();
+    dst.shape.splice(axis..=axis, [rank_extent, block.clone()]);
+    dst.strides.splice(axis..=axis, [block.mul(&inner), inner]);
+    let src = Loc {
+        buffer: staging.buffer,
+        at: src,
+    };
+    let dst = Loc {
+        buffer: output.buffer,
+        at: dst,
+    };
+    st.copy_for(n, &dst, &src, vec![output])
 }
 
 /// Refuses a specialisation whose tile needs more shared memory than SM120 has, on every target.

@@ -64,10 +64,46 @@ pub struct Launch {
     pub outputs: Vec<TensorRef>,
 }
 
+/// The reduction or gather a [`Collective`] performs over the tensor-parallel group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CollectiveOp {
+    /// Every rank's `input` summed elementwise into every rank's `output`.
+    AllReduceSum,
+    /// The ranks' `input`s, rank after rank, into every rank's `output` (`ranks` times the
+    /// input): a gather along the first axis; a gather along another axis lands in a staging
+    /// buffer that the launches after it rearrange.
+    AllGather,
+}
+
+impl CollectiveOp {
+    /// The IR op's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveOp::AllReduceSum => "all_reduce",
+            CollectiveOp::AllGather => "all_gather",
+        }
+    }
+}
+
+/// A collective over the ranks of a tensor-parallel group: no kernel of glmc's, the runtime's
+/// communication library (NCCL) runs it on the step's stream. Both tensors are contiguous.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Collective {
+    /// The IR node it computes (its stable name).
+    pub node: String,
+    pub op: CollectiveOp,
+    /// The size of the group it runs over.
+    pub ranks: u64,
+    pub input: TensorRef,
+    pub output: TensorRef,
+}
+
 /// What one IR node became.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Step {
     Launch(Launch),
+    /// An `all_reduce` or `all_gather` of a tensor-parallel rank's graph.
+    Collective(Collective),
     /// A `reshape`/`slice`/`slice.last`, a concat whose parts are already in place (side by
     /// side, written there by their producers, or copied there by the launches before it): no
     /// kernel of its own, only a layout.
@@ -99,10 +135,33 @@ pub struct Phase {
     pub steps: Vec<Step>,
 }
 
+/// A step that does work on the device.
+#[derive(Clone, Copy, Debug)]
+pub enum Work<'a> {
+    Launch(&'a Launch),
+    Collective(&'a Collective),
+}
+
 impl Phase {
     pub fn launches(&self) -> impl Iterator<Item = &Launch> {
         self.steps.iter().filter_map(|s| match s {
             Step::Launch(l) => Some(l),
+            _ => None,
+        })
+    }
+
+    pub fn collectives(&self) -> impl Iterator<Item = &Collective> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Collective(c) => Some(c),
+            _ => None,
+        })
+    }
+
+    /// The launches and collectives, in the order the phase runs them.
+    pub fn work(&self) -> impl Iterator<Item = Work<'_>> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Launch(l) => Some(Work::Launch(l)),
+            Step::Collective(c) => Some(Work::Collective(c)),
             _ => None,
         })
     }
@@ -181,6 +240,17 @@ impl Phase {
                         };
                         let _ = writeln!(out, "      {} = {v}", a.name);
                     }
+                }
+                Step::Collective(c) => {
+                    let _ = writeln!(
+                        out,
+                        "  {} {:?}: collective over {} ranks",
+                        c.op.name(),
+                        c.node,
+                        c.ranks
+                    );
+                    let _ = writeln!(out, "      input = {}", c.input);
+                    let _ = writeln!(out, "      output = {}", c.output);
                 }
                 Step::View { node, op, at } => {
                     let _ = writeln!(out, "  {op} {node:?}: view {at}");

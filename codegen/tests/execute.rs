@@ -99,6 +99,9 @@ fn locations(phase: &Phase) -> HashMap<String, Vec<TensorRef>> {
             Step::Missing { node, outputs, .. } => {
                 at.insert(node.clone(), outputs.clone());
             }
+            Step::Collective(c) => {
+                at.insert(c.node.clone(), vec![c.output.clone()]);
+            }
             Step::Launch(_) => {}
         }
     }

@@ -113,6 +113,7 @@ fn the_arena_holds_every_arena_tensor_at_the_largest_sizes() {
                             _ => None,
                         })
                         .collect(),
+                    Step::Collective(c) => vec![c.input.clone(), c.output.clone()],
                     Step::View { at, .. } => vec![at.clone()],
                     Step::Missing { outputs, .. } => outputs.clone(),
                 };
