@@ -34,6 +34,8 @@ pub enum GenerateError {
     #[error(transparent)]
     OutOfMemory(#[from] crate::cuda::OutOfMemory),
     #[error(transparent)]
+    Tp(Box<crate::cuda::tp::TpError>),
+    #[error(transparent)]
     NonFinite(#[from] NonFinite),
     #[error("`{function}` returned {result} of {got}, expected {expected}")]
     BadResult {

@@ -1,4 +1,5 @@
 pub mod against_config;
+pub mod bootstrap;
 pub mod collective;
 pub use collective::{CollectiveError, Communicator};
 pub mod tensor;

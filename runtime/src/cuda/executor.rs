@@ -14,9 +14,15 @@
 //! the step that completes a node (its launch, or for a view or a folded concat the step that
 //! names its location) it synchronises and reads the node's values back from where the schedule
 //! put them, so a GPU trace lines up with a CPU trace by IR node name.
+//!
+//! As one rank of a tensor-parallel group ([`CudaExecutor::load_rank`], then
+//! [`CudaExecutor::join`]) it runs its rank's artifact on its own GPU and stream and queues the
+//! schedule's collectives there through NCCL. It then waits for a call by polling, not by a
+//! blocking synchronisation, so that the collective it is stuck in can be named (see
+//! [`Progress`]) while the group's driver decides to abort.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
@@ -24,11 +30,12 @@ use glmc_codegen::artifact::{Manifest, StateEntry, WeightEntry};
 use glmc_codegen::expr::Poly;
 use glmc_codegen::expr::{decode_bindings, prefill_bindings, Bindings};
 use glmc_codegen::layout::{Buf, TensorRef};
-use glmc_codegen::schedule::{ArgValue, Launch, Phase, Step};
+use glmc_codegen::schedule::{ArgValue, Collective, Launch, Phase, Step, Work};
 use glmc_codegen::Target;
 use glmc_ir::{Module, Node, Op};
 
 use super::graphs::{GraphSize, Graphs};
+use super::nccl::Comm;
 use super::{driver, launch, random_fill, CudaError, Gpu, Kernels, Memory};
 use crate::against_config::human_bytes;
 use crate::generate::{Call, Executor, GenerateError, NodeHook, PhaseKind};
@@ -142,13 +149,29 @@ struct PhaseNodes {
     decode: HashMap<String, Node>,
 }
 
+/// What a rank is doing, in words, for the group's driver to quote when a call times out: the
+/// collective it waits for, or the call it is in.
+pub type Progress = Arc<Mutex<String>>;
+
+/// A tensor-parallel rank's place in its group.
+struct RankComm {
+    comm: Comm,
+    progress: Progress,
+    /// Decode sizes that ran once launch by launch: a graph is captured only at a size's
+    /// second step, so NCCL has set up the connections its collectives use outside a capture.
+    warmed: HashSet<GraphSize>,
+}
+
 /// A loaded artifact on one GPU.
 pub struct CudaExecutor {
     gpu: Gpu,
-    /// The decode graphs captured so far, made at the first replay. Declared before `kernels`,
-    /// so they are destroyed before the module whose functions they launch is unloaded.
+    /// The decode graphs captured so far, made at the first replay. Declared before `kernels`
+    /// and `rank`, so they are destroyed before the module whose functions they launch is
+    /// unloaded and before the communicator their collectives use is aborted.
     graphs: Option<Graphs>,
     kernels: Kernels,
+    /// The rank's communicator, in a tensor-parallel group.
+    rank: Option<RankComm>,
     // Shared, so a call holds its schedule while it launches without copying it.
     prefill: Arc<Phase>,
     decode: Arc<Phase>,
@@ -185,7 +208,7 @@ impl CudaExecutor {
         cubin: &[u8],
         weights: &dyn WeightSource,
     ) -> Result<CudaExecutor, GenerateError> {
-        CudaExecutor::load_with(manifest, cubin, Weights::Host(weights))
+        CudaExecutor::load_with(Gpu::open(0)?, manifest, cubin, Weights::Host(weights))
     }
 
     /// Loads `manifest` and `cubin` on GPU 0 with `weights` generated on the GPU by
@@ -200,10 +223,45 @@ impl CudaExecutor {
             weights,
             cubin: random_cubin,
         };
-        CudaExecutor::load_with(manifest, cubin, weights)
+        CudaExecutor::load_with(Gpu::open(0)?, manifest, cubin, weights)
+    }
+
+    /// Loads one tensor-parallel rank's `manifest` and `cubin` on `gpu` (opened with
+    /// [`Gpu::open_for_rank`]), its weights generated on the GPU by `random` (the weights and
+    /// [`random_fill::SOURCE`] compiled) when given, else made from `host`. It computes nothing
+    /// with other ranks until [`CudaExecutor::join`] gives it its communicator.
+    pub fn load_rank<C>(
+        gpu: Gpu,
+        manifest: &Manifest<C>,
+        cubin: &[u8],
+        host: &dyn WeightSource,
+        random: Option<(&RandomWeights, &[u8])>,
+    ) -> Result<CudaExecutor, GenerateError> {
+        let weights = match random {
+            Some((weights, cubin)) => Weights::Random { weights, cubin },
+            None => Weights::Host(host),
+        };
+        CudaExecutor::load_with(gpu, manifest, cubin, weights)
+    }
+
+    /// Makes this executor a rank of the group `comm` joined: the schedule's collectives run
+    /// through it, and waits report to `progress`.
+    pub fn join(mut self, comm: Comm, progress: Progress) -> CudaExecutor {
+        self.rank = Some(RankComm {
+            comm,
+            progress,
+            warmed: HashSet::new(),
+        });
+        self
+    }
+
+    /// The GPU this executor runs on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
     }
 
     fn load_with<C>(
+        gpu: Gpu,
         manifest: &Manifest<C>,
         cubin: &[u8],
         weights: Weights,
@@ -215,7 +273,6 @@ impl CudaExecutor {
             ))
             .into());
         }
-        let gpu = Gpu::open(0)?;
         let (major, minor) = gpu.compute_capability()?;
         let target: Target = manifest
             .target
@@ -326,6 +383,7 @@ impl CudaExecutor {
         Ok(CudaExecutor {
             gpu,
             kernels,
+            rank: None,
             prefill,
             decode,
             vocab,
@@ -399,6 +457,11 @@ impl CudaExecutor {
             self.graphs = Some(Graphs::new(&self.gpu)?);
         }
         let graphs = self.graphs.as_mut().expect("made above");
+        if let Some(rank) = self.rank.as_mut() {
+            if !graphs.has(key) && rank.warmed.insert(key) {
+                return Ok(None);
+            }
+        }
         if !graphs.has(key) {
             // Kernels are looked up (and allowed their shared memory) before the capture, so
             // nothing but launches happens while the stream is capturing.
@@ -406,10 +469,12 @@ impl CudaExecutor {
                 self.kernels.function(&l.kernel, l.dynamic_shared_bytes)?;
             }
             let (kernels, memory) = (&mut self.kernels, &self.memory);
+            let comm = self.rank.as_ref().map(|r| &r.comm);
             let record = |stream: &Arc<CudaStream>| {
-                phase
-                    .launches()
-                    .try_for_each(|l| launch(stream, kernels, l, memory, &bindings))
+                phase.work().try_for_each(|w| match w {
+                    Work::Launch(l) => launch(stream, kernels, l, memory, &bindings),
+                    Work::Collective(c) => enqueue(comm, stream, c, memory, &bindings),
+                })
             };
             // A driver that cannot capture the step still runs it, launch by launch: the run
             // says so once and keeps going that way.
@@ -433,6 +498,98 @@ impl CudaExecutor {
         )
     }
 
+    /// Queues the phase's launches and collectives on the executor's stream under `bindings`;
+    /// the collectives each followed by an event, which [`CudaExecutor::wait`] polls.
+    fn queue(
+        &mut self,
+        phase: &Phase,
+        bindings: &Bindings,
+    ) -> Result<Vec<(&'static str, String, CudaEvent)>, CudaError> {
+        let mut marks = Vec::new();
+        for w in phase.work() {
+            match w {
+                Work::Launch(l) => self.launch_one(l, bindings)?,
+                Work::Collective(c) => {
+                    self.collective(c, bindings)?;
+                    let event = self
+                        .gpu
+                        .stream
+                        .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                        .map_err(driver("recording an event after a collective"))?;
+                    marks.push((c.op.name(), c.node.clone(), event));
+                }
+            }
+        }
+        Ok(marks)
+    }
+
+    /// Queues collective `c` on the executor's stream.
+    fn collective(&self, c: &Collective, bindings: &Bindings) -> Result<(), CudaError> {
+        enqueue(
+            self.rank.as_ref().map(|r| &r.comm),
+            &self.gpu.stream,
+            c,
+            &self.memory,
+            bindings,
+        )
+    }
+
+    /// Waits until `stream` has done its work. A rank polls instead of blocking, and while a
+    /// collective of `marks` (each followed by its event) is incomplete it says which one in
+    /// its [`Progress`], for the group's driver to name if the call times out.
+    fn wait(
+        &self,
+        stream: &Arc<CudaStream>,
+        marks: &[(&'static str, String, CudaEvent)],
+        what: &str,
+    ) -> Result<(), CudaError> {
+        let Some(rank) = &self.rank else {
+            return stream.synchronize().map_err(driver("synchronizing"));
+        };
+        let done = stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(driver("recording the call's last event"))?;
+        let mut next = 0;
+        let mut said = usize::MAX;
+        let mut polls = 0u32;
+        loop {
+            while next < marks.len()
+                && marks[next]
+                    .2
+                    .try_is_complete()
+                    .map_err(driver("waiting for a collective"))?
+            {
+                next += 1;
+            }
+            if done
+                .try_is_complete()
+                .map_err(driver(format!("waiting for {what}")))?
+            {
+                return Ok(());
+            }
+            if said != next {
+                said = next;
+                let text = match marks.get(next) {
+                    Some((op, node, _)) => format!(
+                        "waits for {op} \"{node}\" (collective {} of {} of {what})",
+                        next + 1,
+                        marks.len()
+                    ),
+                    None => format!("waits for {what} to finish on its GPU"),
+                };
+                *rank.progress.lock().unwrap_or_else(|e| e.into_inner()) = text;
+            }
+            // Spin briefly (a decode step takes microseconds to milliseconds), then yield
+            // the core.
+            polls = polls.saturating_add(1);
+            if polls > 1000 {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
     /// Runs a decode step from its CUDA graph, after the inputs' uploads, and waits for it: the
     /// bindings it ran under.
     fn replay_decode(
@@ -446,10 +603,7 @@ impl CudaExecutor {
         self.gpu.synchronize()?;
         let graphs = self.graphs.as_ref().expect("made by decode_graph");
         graphs.launch(key)?;
-        graphs
-            .stream()
-            .synchronize()
-            .map_err(driver("waiting for a decode step's CUDA graph"))?;
+        self.wait(graphs.stream(), &[], "a decode step's CUDA graph")?;
         Ok(Some(bindings))
     }
 
@@ -497,6 +651,7 @@ impl CudaExecutor {
     ) -> Result<(), GenerateError> {
         let (name, outputs) = match step {
             Step::Launch(l) => (&l.node, &l.outputs[..]),
+            Step::Collective(c) => (&c.node, std::slice::from_ref(&c.output)),
             Step::View { node, at, .. } => (node, std::slice::from_ref(at)),
             Step::Missing { .. } => return Ok(()),
         };
@@ -504,10 +659,11 @@ impl CudaExecutor {
             PhaseKind::Prefill => n.prefill.get(name),
             PhaseKind::Decode => n.decode.get(name),
         });
+        let rank = self.rank.as_ref().map_or(0, |r| r.comm.rank());
         let broken = self
             .fault
             .as_ref()
-            .filter(|f| &f.node == name && f.rank == 0);
+            .filter(|f| &f.node == name && f.rank == rank);
         if node.is_none() && broken.is_none() {
             return Ok(());
         }
@@ -616,7 +772,14 @@ impl CudaExecutor {
         let wall = std::time::Instant::now();
         let start = record(&self.gpu)?;
         let mut pairs = Vec::new();
-        for l in phase.launches() {
+        for w in phase.work() {
+            let l = match w {
+                Work::Launch(l) => l,
+                Work::Collective(c) => {
+                    self.collective(c, &bindings)?;
+                    continue;
+                }
+            };
             // An alternative for other sizes, or an empty grid, launches nothing.
             let runs = l.when.as_ref().map_or(Some(true), |g| g.holds(&bindings)) == Some(true)
                 && l.grid.eval(&bindings).is_some_and(|g| g > 0);
@@ -831,8 +994,29 @@ pub enum Timing {
 fn step_node(step: &Step) -> &str {
     match step {
         Step::Launch(l) => &l.node,
+        Step::Collective(c) => &c.node,
         Step::View { node, .. } | Step::Missing { node, .. } => node,
     }
+}
+
+/// Queues collective `c` through `comm` on `stream`; a schedule with collectives needs one.
+fn enqueue(
+    comm: Option<&Comm>,
+    stream: &Arc<CudaStream>,
+    c: &Collective,
+    memory: &Memory,
+    bindings: &Bindings,
+) -> Result<(), CudaError> {
+    let comm = comm.ok_or_else(|| {
+        artifact_error(format!(
+            "{} \"{}\" is a collective of a tensor-parallel rank's artifact, which runs only in its group (glmc run --tp {})",
+            c.op.name(),
+            c.node,
+            c.ranks
+        ))
+    })?;
+    comm.enqueue(stream, c, memory, bindings)
+        .map_err(|e| CudaError::Collective(Box::new(e)))
 }
 
 /// Weight `w` made on the host and uploaded.
@@ -874,12 +1058,11 @@ impl Executor for CudaExecutor {
         } else {
             None
         };
+        let mut marks = Vec::new();
         if let Some(b) = replayed {
             bindings = b;
         } else if plain {
-            for l in phase.launches() {
-                self.launch_one(l, &bindings)?;
-            }
+            marks = self.queue(&phase, &bindings)?;
         } else {
             // A node is complete after the last step that names it: a concat's copies come
             // before the view of the whole.
@@ -890,15 +1073,17 @@ impl Executor for CudaExecutor {
                 .map(|(i, s)| (step_node(s), i))
                 .collect();
             for (i, step) in phase.steps.iter().enumerate() {
-                if let Step::Launch(l) = step {
-                    self.launch_one(l, &bindings)?;
+                match step {
+                    Step::Launch(l) => self.launch_one(l, &bindings)?,
+                    Step::Collective(c) => self.collective(c, &bindings)?,
+                    Step::View { .. } | Step::Missing { .. } => {}
                 }
                 if last[step_node(step)] == i {
                     self.after_step(kind, step, &bindings, call, hook)?;
                 }
             }
         }
-        self.gpu.synchronize()?;
+        self.wait(&self.gpu.stream, &marks, kind.name())?;
         let results = phase
             .results
             .iter()

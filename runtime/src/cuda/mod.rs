@@ -32,6 +32,8 @@ pub enum CudaError {
         node: String,
         why: String,
     },
+    #[error(transparent)]
+    Collective(Box<nccl::NcclError>),
 }
 
 fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> CudaError {
@@ -54,6 +56,31 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).map_err(driver(format!("opening GPU {ordinal}")))?;
         let stream = ctx.default_stream();
         Ok(Gpu { ctx, stream })
+    }
+
+    /// GPU `ordinal` with a stream of its own for a tensor-parallel rank: NCCL's kernels and
+    /// the rank's are ordered on it, apart from the legacy default stream's implicit
+    /// synchronisation with every other stream of the GPU.
+    pub fn open_for_rank(ordinal: usize) -> Result<Gpu, CudaError> {
+        let gpu = Gpu::open(ordinal)?;
+        let stream = gpu
+            .ctx
+            .new_stream()
+            .map_err(driver(format!("creating GPU {ordinal}'s stream")))?;
+        Ok(Gpu {
+            ctx: gpu.ctx,
+            stream,
+        })
+    }
+
+    /// How many GPUs the driver sees.
+    pub fn count() -> Result<usize, CudaError> {
+        // SAFETY: only probes whether the driver library can be loaded.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        let n = CudaContext::device_count().map_err(driver("counting the GPUs"))?;
+        Ok(n.max(0) as usize)
     }
 
     /// `(major, minor)`: (9, 0) on an H200.
@@ -301,6 +328,10 @@ pub mod ceiling;
 mod compile;
 mod executor;
 pub mod graphs;
+pub mod nccl;
+pub mod tp;
 pub use compile::{compile, CompileError, Compiled};
-pub use executor::{CallTiming, CudaExecutor, DeviceBytes, LaunchTime, OutOfMemory, Timing};
+pub use executor::{
+    CallTiming, CudaExecutor, DeviceBytes, LaunchTime, OutOfMemory, Progress, Timing,
+};
 pub mod random_fill;

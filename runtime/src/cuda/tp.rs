@@ -1,0 +1,585 @@
+//! Tensor parallelism on GPUs: the ranks of one group, one thread per GPU, each running its
+//! rank's artifact with a [`CudaExecutor`] whose collectives go through NCCL, driven in
+//! lockstep by the thread that owns the [`TpExecutor`].
+//!
+//! Each rank's thread creates everything of its GPU itself (context, stream, weights,
+//! communicator: NCCL's is tied to the thread's GPU), loads its weights, then joins the group
+//! with the unique id rank 0 made. The driver sends every call to every rank of this process
+//! and takes the results of its first (every rank computes the same logits and tokens: the
+//! logits are gathered before sampling). A call fails as a whole: the first rank to report an
+//! error, or every rank still busy when `timeout` runs out, is named, every communicator of
+//! the process is aborted (which ends a collective stuck waiting for a rank that will never
+//! join it), and the group refuses further calls. The driver never waits on a rank without a
+//! deadline once the ranks compute together, so a lost rank cannot hang the run.
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use glmc_codegen::artifact::Manifest;
+
+use super::executor::{CudaExecutor, Progress};
+use super::nccl::{Abort, Comm, NcclError, UniqueId};
+use super::Gpu;
+use crate::generate::{Call, Executor, GenerateError, NodeHook, PhaseKind};
+use crate::interp::WeightSource;
+use crate::random_weights::RandomWeights;
+use crate::tensor::Tensor;
+use crate::trace::{call_label, Fault};
+
+/// How long the driver waits for the communicators' aborts before it reports the failure
+/// anyway: an abort that itself hangs must not hang the run.
+const ABORT_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TpError {
+    #[error("--tp {tp} needs {tp} GPUs, this machine has {gpus}: lower --tp, or run the ranks over several hosts (README: \"Tensor parallelism on GPUs\")")]
+    TooFewGpus { tp: usize, gpus: usize },
+    #[error("rank {rank} failed {at}: {source}")]
+    Rank {
+        rank: usize,
+        at: String,
+        #[source]
+        source: Box<GenerateError>,
+    },
+    #[error("{at}: {} within the collective timeout of {secs} s: {detail}; every communicator of the group was aborted", ranks_did_not_finish(.ranks))]
+    Timeout {
+        at: String,
+        ranks: Vec<usize>,
+        secs: f64,
+        detail: String,
+    },
+    #[error("rank {rank}'s thread ended {at} without an answer (it panicked: see above)")]
+    Lost { rank: usize, at: String },
+    #[error("the tensor-parallel group failed before and was aborted: it runs nothing more")]
+    Failed,
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
+}
+
+fn ranks_did_not_finish(ranks: &[usize]) -> String {
+    match ranks {
+        [r] => format!("rank {r} did not finish"),
+        _ => {
+            let list: Vec<String> = ranks.iter().map(usize::to_string).collect();
+            format!("ranks {} did not finish", list.join(", "))
+        }
+    }
+}
+
+/// Refuses a group of `local` ranks on a host with `gpus` GPUs (each rank needs its own).
+pub fn check_gpus(tp: usize, local: usize, gpus: usize) -> Result<(), TpError> {
+    if local > gpus {
+        return Err(TpError::TooFewGpus { tp, gpus });
+    }
+    Ok(())
+}
+
+/// A test hook (`GLMC_TEST_KILL_RANK=R@CALL[=hang]`): rank R stops at its call number CALL
+/// (0 is the first prefill), failing it, or with `=hang` never answering, as a crashed or
+/// wedged GPU process would. The tests use it to show that the group exits naming the rank
+/// within the timeout; never set it otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kill {
+    pub rank: usize,
+    pub call: u64,
+    pub hang: bool,
+}
+
+impl Kill {
+    pub const ENV: &'static str = "GLMC_TEST_KILL_RANK";
+
+    pub fn from_env() -> Option<Kill> {
+        Kill::parse(&std::env::var(Kill::ENV).ok()?)
+    }
+
+    /// `R@CALL` or `R@CALL=hang`; anything else is no kill.
+    pub fn parse(value: &str) -> Option<Kill> {
+        let (target, hang) = match value.strip_suffix("=hang") {
+            Some(t) => (t, true),
+            None => (value, false),
+        };
+        let (rank, call) = target.split_once('@')?;
+        Some(Kill {
+            rank: rank.trim().parse().ok()?,
+            call: call.trim().parse().ok()?,
+            hang,
+        })
+    }
+}
+
+/// Where a group's weights come from, shared by its ranks' threads.
+#[derive(Clone)]
+pub enum GroupWeights {
+    /// Made on the host by each rank from its recipes (a rank reads only its slices).
+    Host(Arc<dyn WeightSource + Send + Sync>),
+    /// Generated on each GPU by `cubin` ([`super::random_fill::SOURCE`] compiled).
+    Random {
+        weights: RandomWeights,
+        cubin: Arc<Vec<u8>>,
+    },
+}
+
+/// One rank's artifact: its manifest and cubin.
+pub struct RankArtifact<C> {
+    pub manifest: Manifest<C>,
+    pub cubin: Vec<u8>,
+}
+
+/// How this process's ranks are placed in the group.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// The group's size: every rank of every process.
+    pub world: usize,
+    /// The global rank of this process's first; its ranks are consecutive.
+    pub first_rank: usize,
+    /// The GPU of each of this process's ranks.
+    pub gpus: Vec<usize>,
+}
+
+/// How the group runs.
+#[derive(Clone, Debug)]
+pub struct GroupOptions {
+    /// How long a call may take once the ranks compute together (the collectives, and
+    /// joining the group) before the group is aborted.
+    pub timeout: Duration,
+    /// Whether decode steps replay CUDA graphs.
+    pub graphs: bool,
+    pub fault: Option<Fault>,
+    pub kill: Option<Kill>,
+}
+
+enum Command {
+    Run {
+        phase: PhaseKind,
+        inputs: Arc<Vec<Tensor>>,
+        call: Call,
+    },
+    Stop,
+}
+
+/// What a rank's executor says of its phases, once loaded.
+#[derive(Clone)]
+struct Shape {
+    prefill: Vec<String>,
+    decode: Vec<String>,
+    vocab: Option<usize>,
+}
+
+enum Reply {
+    Loaded(Result<Shape, GenerateError>),
+    Joined(Result<Abort, GenerateError>),
+    Ran(Result<Vec<Tensor>, GenerateError>),
+    /// The rank's thread panicked (its message is on stderr).
+    Panicked,
+}
+
+struct Rank {
+    /// Global rank.
+    rank: usize,
+    commands: Sender<Command>,
+    progress: Progress,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// This process's ranks of one tensor-parallel group, as one [`Executor`].
+pub struct TpExecutor {
+    ranks: Vec<Rank>,
+    replies: Receiver<(usize, Reply)>,
+    aborts: Vec<Abort>,
+    shape: Shape,
+    timeout: Duration,
+    failed: bool,
+}
+
+impl TpExecutor {
+    /// Starts a thread per rank of `placement`, each loading its artifact of `artifacts` (by
+    /// local rank) and its weights, then joining the group `id` names. Loading has no deadline
+    /// (it is local, and a failure is reported); joining has the call timeout.
+    pub fn start<C: Send + 'static>(
+        artifacts: Vec<RankArtifact<C>>,
+        weights: GroupWeights,
+        placement: &Placement,
+        id: UniqueId,
+        options: &GroupOptions,
+    ) -> Result<TpExecutor, GenerateError> {
+        let (reply_tx, replies) = mpsc::channel();
+        let mut ranks = Vec::with_capacity(artifacts.len());
+        for ((local, artifact), &gpu) in artifacts.into_iter().enumerate().zip(&placement.gpus) {
+            let (commands, rx) = mpsc::channel();
+            let rank = placement.first_rank + local;
+            let progress: Progress = Arc::new(Mutex::new("loads its weights".to_string()));
+            let thread = RankThread {
+                local,
+                rank,
+                world: placement.world,
+                gpu,
+                id,
+                weights: weights.clone(),
+                options: options.clone(),
+                progress: progress.clone(),
+                replies: reply_tx.clone(),
+                commands: rx,
+            };
+            let panicked = reply_tx.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("glmc-rank{rank}"))
+                .spawn(move || {
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        thread.run(artifact)
+                    }));
+                    if ran.is_err() {
+                        let _ = panicked.send((local, Reply::Panicked));
+                    }
+                })
+                .map_err(|e| {
+                    GenerateError::from(super::CudaError::Artifact(format!(
+                        "starting rank {rank}'s thread: {e}"
+                    )))
+                })?;
+            ranks.push(Rank {
+                rank,
+                commands,
+                progress,
+                thread: Some(handle),
+            });
+        }
+        // Only the ranks hold senders now: if every rank's thread is gone, `gather` hears it.
+        drop(reply_tx);
+        let mut group = TpExecutor {
+            ranks,
+            replies,
+            aborts: Vec::new(),
+            shape: Shape {
+                prefill: Vec::new(),
+                decode: Vec::new(),
+                vocab: None,
+            },
+            timeout: options.timeout,
+            failed: false,
+        };
+        let loaded = group.gather("loading", None, |r| match r {
+            Reply::Loaded(x) => Some(x),
+            _ => None,
+        })?;
+        group.shape = loaded.into_iter().next().expect("at least one rank");
+        let aborts = group.gather("joining the group", Some(options.timeout), |r| match r {
+            Reply::Joined(x) => Some(x),
+            _ => None,
+        })?;
+        group.aborts = aborts;
+        Ok(group)
+    }
+
+    /// Every rank's answer of the kind `pick` takes, by local rank: within `deadline` of now
+    /// when given. The first error, or the deadline, fails the group (see the module's doc).
+    fn gather<T>(
+        &mut self,
+        at: &str,
+        deadline: Option<Duration>,
+        pick: impl Fn(Reply) -> Option<Result<T, GenerateError>>,
+    ) -> Result<Vec<T>, GenerateError> {
+        let start = Instant::now();
+        let mut got: Vec<Option<T>> = self.ranks.iter().map(|_| None).collect();
+        while got.iter().any(Option::is_none) {
+            let reply = match deadline {
+                Some(d) => {
+                    let left = d.saturating_sub(start.elapsed());
+                    self.replies.recv_timeout(left)
+                }
+                None => self
+                    .replies
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            let (local, reply) = match reply {
+                Ok(r) => r,
+                Err(RecvTimeoutError::Timeout) => {
+                    let pending: Vec<usize> =
+                        (0..got.len()).filter(|&i| got[i].is_none()).collect();
+                    let detail = pending
+                        .iter()
+                        .map(|&i| {
+                            let doing = self.ranks[i]
+                                .progress
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .clone();
+                            format!("rank {} {doing}", self.ranks[i].rank)
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    let ranks = pending.iter().map(|&i| self.ranks[i].rank).collect();
+                    return Err(self.fail(TpError::Timeout {
+                        at: at.to_string(),
+                        ranks,
+                        secs: deadline.unwrap_or_default().as_secs_f64(),
+                        detail,
+                    }));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let local = got.iter().position(Option::is_none).unwrap_or(0);
+                    let rank = self.ranks[local].rank;
+                    return Err(self.fail(TpError::Lost {
+                        rank,
+                        at: at.to_string(),
+                    }));
+                }
+            };
+            if let Reply::Panicked = reply {
+                let rank = self.ranks[local].rank;
+                return Err(self.fail(TpError::Lost {
+                    rank,
+                    at: at.to_string(),
+                }));
+            }
+            match pick(reply) {
+                Some(Ok(value)) => got[local] = Some(value),
+                Some(Err(source)) => {
+                    let rank = self.ranks[local].rank;
+                    return Err(self.fail(TpError::Rank {
+                        rank,
+                        at: at.to_string(),
+                        source: Box::new(source),
+                    }));
+                }
+                // A late answer to an earlier step cannot come: a failed group runs no more.
+                None => {}
+            }
+        }
+        Ok(got.into_iter().map(|v| v.expect("all answered")).collect())
+    }
+
+    /// Marks the group failed and aborts every communicator (bounded by [`ABORT_GRACE`]):
+    /// the ranks still in a collective get out of it, and none is used again.
+    fn fail(&mut self, error: TpError) -> GenerateError {
+        self.failed = true;
+        let aborts = self.aborts.clone();
+        let (done, wait) = mpsc::channel();
+        // A thread of its own, so that an abort that hangs delays the error by the grace only.
+        let _ = std::thread::Builder::new()
+            .name("glmc-abort".into())
+            .spawn(move || {
+                for a in &aborts {
+                    a.abort();
+                }
+                let _ = done.send(());
+            });
+        let _ = wait.recv_timeout(ABORT_GRACE);
+        GenerateError::Tp(Box::new(error))
+    }
+}
+
+impl Executor for TpExecutor {
+    fn result_names(&self, phase: PhaseKind) -> Vec<String> {
+        match phase {
+            PhaseKind::Prefill => self.shape.prefill.clone(),
+            PhaseKind::Decode => self.shape.decode.clone(),
+        }
+    }
+
+    fn vocab(&self) -> Option<usize> {
+        self.shape.vocab
+    }
+
+    fn run(
+        &mut self,
+        phase: PhaseKind,
+        inputs: &[Tensor],
+        call: Call,
+        _hook: &mut NodeHook<'_>,
+    ) -> Result<Vec<Tensor>, GenerateError> {
+        if self.failed {
+            return Err(GenerateError::Tp(Box::new(TpError::Failed)));
+        }
+        let inputs = Arc::new(inputs.to_vec());
+        let at = call_label(call);
+        let unsent = self.ranks.iter().find_map(|r| {
+            let command = Command::Run {
+                phase,
+                inputs: inputs.clone(),
+                call,
+            };
+            r.commands.send(command).is_err().then_some(r.rank)
+        });
+        if let Some(rank) = unsent {
+            return Err(self.fail(TpError::Lost { rank, at }));
+        }
+        let mut results = self.gather(&at, Some(self.timeout), |r| match r {
+            Reply::Ran(x) => Some(x),
+            _ => None,
+        })?;
+        Ok(results.swap_remove(0))
+    }
+}
+
+impl Drop for TpExecutor {
+    fn drop(&mut self) {
+        for r in &self.ranks {
+            let _ = r.commands.send(Command::Stop);
+        }
+        // A failed group's threads may be stuck in their GPU: they are left to the process's
+        // exit. A healthy one's finish their work and free their GPUs.
+        if !self.failed {
+            for r in &mut self.ranks {
+                if let Some(t) = r.thread.take() {
+                    let _ = t.join();
+                }
+            }
+        }
+    }
+}
+
+/// Everything one rank's thread owns.
+struct RankThread {
+    local: usize,
+    rank: usize,
+    world: usize,
+    gpu: usize,
+    id: UniqueId,
+    weights: GroupWeights,
+    options: GroupOptions,
+    progress: Progress,
+    replies: Sender<(usize, Reply)>,
+    commands: Receiver<Command>,
+}
+
+impl RankThread {
+    fn say(&self, text: String) {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = text;
+    }
+
+    fn reply(&self, reply: Reply) {
+        let _ = self.replies.send((self.local, reply));
+    }
+
+    fn run<C>(self, artifact: RankArtifact<C>) {
+        let exec = match self.load(&artifact) {
+            Ok(exec) => exec,
+            Err(e) => return self.reply(Reply::Loaded(Err(e))),
+        };
+        self.reply(Reply::Loaded(Ok(Shape {
+            prefill: exec.result_names(PhaseKind::Prefill),
+            decode: exec.result_names(PhaseKind::Decode),
+            vocab: exec.vocab(),
+        })));
+        drop(artifact);
+        self.say(format!(
+            "waits for the other ranks to join the group of {}",
+            self.world
+        ));
+        let comm = match Comm::init(&exec.gpu().stream, &self.id, self.rank, self.world) {
+            Ok(c) => c,
+            Err(e) => {
+                let e = GenerateError::from(super::CudaError::Collective(Box::new(e)));
+                return self.reply(Reply::Joined(Err(e)));
+            }
+        };
+        self.reply(Reply::Joined(Ok(comm.aborter())));
+        let mut exec = exec.join(comm, self.progress.clone());
+        let mut calls = 0u64;
+        while let Ok(Command::Run {
+            phase,
+            inputs,
+            call,
+        }) = self.commands.recv()
+        {
+            let at = call_label(call);
+            if let Some(kill) = self
+                .options
+                .kill
+                .filter(|k| k.rank == self.rank && k.call == calls)
+            {
+                if kill.hang {
+                    self.say(format!(
+                        "stopped answering at {at} ({} hang, a test hook)",
+                        Kill::ENV
+                    ));
+                    // Wedged: never answers, holds its GPU until the process exits.
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                let e = super::CudaError::Artifact(format!(
+                    "stopped at call {calls} by {} (a test hook)",
+                    Kill::ENV
+                ));
+                return self.reply(Reply::Ran(Err(e.into())));
+            }
+            self.say(format!("runs {at}"));
+            let result = exec.run(phase, &inputs, call, &mut |_, _, _, _| Ok(()));
+            let failed = result.is_err();
+            self.reply(Reply::Ran(result));
+            if failed {
+                return;
+            }
+            calls += 1;
+        }
+    }
+
+    fn load<C>(&self, artifact: &RankArtifact<C>) -> Result<CudaExecutor, GenerateError> {
+        let gpu = Gpu::open_for_rank(self.gpu)?;
+        let (host, random): (&dyn WeightSource, _) = match &self.weights {
+            GroupWeights::Host(source) => (source.as_ref(), None),
+            GroupWeights::Random { weights, cubin } => (weights, Some((weights, &cubin[..]))),
+        };
+        let exec = CudaExecutor::load_rank(gpu, &artifact.manifest, &artifact.cubin, host, random)?;
+        Ok(exec
+            .with_fault(self.options.fault.clone())
+            .with_graphs(self.options.graphs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_needs_a_gpu_per_local_rank() {
+        assert!(check_gpus(2, 2, 2).is_ok());
+        assert!(check_gpus(8, 4, 4).is_ok());
+        let err = check_gpus(2, 2, 1).unwrap_err().to_string();
+        assert!(
+            err.starts_with("--tp 2 needs 2 GPUs, this machine has 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_kill_switch_names_a_rank_and_a_call() {
+        assert_eq!(
+            Kill::parse("1@3"),
+            Some(Kill {
+                rank: 1,
+                call: 3,
+                hang: false
+            })
+        );
+        assert_eq!(
+            Kill::parse("0@0=hang"),
+            Some(Kill {
+                rank: 0,
+                call: 0,
+                hang: true
+            })
+        );
+        assert_eq!(Kill::parse("1"), None);
+        assert_eq!(Kill::parse("x@2"), None);
+    }
+
+    #[test]
+    fn a_timeout_names_every_rank_still_busy() {
+        let e = TpError::Timeout {
+            at: "decode@5".into(),
+            ranks: vec![0, 1],
+            secs: 5.0,
+            detail: "rank 0 waits for all_reduce \"x\"".into(),
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("decode@5: ranks 0, 1 did not finish within the collective timeout of 5 s: rank 0 waits"),
+            "{text}"
+        );
+    }
+}
