@@ -125,8 +125,9 @@ pub struct CompileArgs {
     pub report: bool,
     /// Tensor parallelism over --tp ranks: the degree must divide the heads, the intermediate
     /// sizes and the vocabulary (exit 2 otherwise), and --report adds per-rank memory, the
-    /// collectives per decode step and what fits on which GPU. The artifact stays the
-    /// single-device one.
+    /// collectives per decode step and what fits on which GPU. Besides the single-device
+    /// artifact, each rank's is written to DIR/rank0 .. DIR/rank{N-1}, which `glmc run DIR
+    /// --device cuda --tp N` runs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub tp: u64,
     /// Print each pass's wall time and whether it changed the module (stderr; never in the artifact).
@@ -178,8 +179,9 @@ pub struct DumpArgs {
     pub lowered: bool,
     #[arg(long, help = TARGET_HELP)]
     pub target: Option<String>,
-    /// Tensor parallelism: print rank --rank's graph of --tp ranks (after tp-partition).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), conflicts_with_all = ["after", "lowered"])]
+    /// Tensor parallelism: print rank --rank's graph of --tp ranks (after tp-partition), or
+    /// with --lowered its launch schedule, collectives included.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "after")]
     pub tp: u64,
     /// The rank whose graph --tp prints, 0..TP.
     #[arg(long, default_value_t = 0)]
@@ -247,9 +249,31 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_cuda_graphs: bool,
     /// Tensor parallelism: run the model as --tp ranks (tp-partition's graphs), their
-    /// collectives simulated between threads on the CPU.
+    /// collectives simulated between threads on the CPU, or with --device cuda one GPU per rank
+    /// with NCCL (over several hosts with --world-size).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub tp: u64,
+    /// With --device cuda --tp N: how long a call (prefill or decode step) may wait for its
+    /// collectives, and the ranks for each other, before the group is aborted and the run
+    /// exits 2 naming the ranks still busy.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0, value_parser = parse_timeout)]
+    pub collective_timeout: f64,
+    /// With --device cuda --tp N over several hosts: this process's index, 0..--world-size
+    /// (default: $RANK, else 0). Process 0 makes the group's NCCL id.
+    #[arg(long, value_name = "N")]
+    pub rank: Option<u64>,
+    /// With --device cuda --tp N over several hosts: the number of processes, one per host,
+    /// each driving N / WORLD_SIZE GPUs (default: $WORLD_SIZE, else 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub world_size: Option<u64>,
+    /// With --world-size above 1: the host of process 0, where the others fetch the group's
+    /// NCCL id (default: $MASTER_ADDR).
+    #[arg(long, value_name = "HOST")]
+    pub master_addr: Option<String>,
+    /// With --world-size above 1: the TCP port process 0 listens on (default: $MASTER_PORT,
+    /// else 29500).
+    #[arg(long, value_name = "PORT")]
+    pub master_port: Option<u16>,
     /// Sampling temperature; 0 (the default) is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -278,6 +302,15 @@ pub struct RunArgs {
 /// One prompt of `--prompt-ids`: its token ids.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PromptIds(pub Vec<u64>);
+
+fn parse_timeout(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() => Ok(s),
+        _ => Err(format!(
+            "`{text}` is not a timeout: give a positive number of seconds, e.g. 60"
+        )),
+    }
+}
 
 fn parse_prompt_ids(text: &str) -> Result<PromptIds, String> {
     text.split(',')

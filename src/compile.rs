@@ -116,6 +116,16 @@ pub fn limits(config: &ModelConfig, args: &LimitsArgs) -> Limits {
 
 /// Lowers a built model for `target`.
 pub fn lower(built: &Built, target: Target, args: &LimitsArgs) -> anyhow::Result<Lowered> {
+    lower_rank(built, &built.module, target, args)
+}
+
+/// Lowers `module`, the built model or one rank's graph of it, for `target`.
+pub fn lower_rank(
+    built: &Built,
+    module: &Module,
+    target: Target,
+    args: &LimitsArgs,
+) -> anyhow::Result<Lowered> {
     let limits = limits(&built.config, args);
     if limits.max_context > built.config.max_position_embeddings {
         anyhow::bail!(
@@ -124,7 +134,7 @@ pub fn lower(built: &Built, target: Target, args: &LimitsArgs) -> anyhow::Result
             built.config.max_position_embeddings
         );
     }
-    Ok(lower_module(&built.module, target, limits)?)
+    Ok(lower_module(module, target, limits)?)
 }
 
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
@@ -141,11 +151,12 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let lowered = lower(&built, target, &args.limits)?;
     let module = &built.module;
     // Partitioned before anything is written, so a degree that does not divide fails cleanly.
-    let rank0 = if args.tp > 1 {
-        Some(crate::tp_report::rank_zero(module, args.tp)?)
+    let ranks = if args.tp > 1 {
+        glmc_passes::partition(module, args.tp)?
     } else {
-        None
+        Vec::new()
     };
+    let rank0 = ranks.first();
     let out = args
         .output
         .clone()
@@ -162,7 +173,20 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     manifest.notes = built.notes.iter().map(ToString::to_string).collect();
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
-    match nvcc::find(args.nvcc.as_deref())? {
+    let compiler = nvcc::find(args.nvcc.as_deref())?;
+    for (r, rank) in ranks.iter().enumerate() {
+        let lowered = lower_rank(&built, rank, target, &args.limits)?;
+        let dir = PathBuf::from(format!("rank{r}"));
+        let (manifest, rank_files) = rank_artifact(&built, rank, &lowered, compiler.as_ref())?;
+        if !manifest.complete {
+            notes.push(format!(
+                "note: rank {r}'s artifact is incomplete and cannot run yet: no kernels for {}",
+                manifest.missing_ops.join(", ")
+            ));
+        }
+        files.extend(rank_files.into_iter().map(|(p, b)| (dir.join(p), b)));
+    }
+    match compiler {
         Some(compiler) => {
             let cache = nvcc::default_cache_dir();
             let compiled = nvcc::compile(&compiler, &source, target, cache.as_deref())?;
@@ -217,7 +241,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     }
     let report = if args.report {
         let mut text = crate::report::report(module, target, &lowered)?;
-        if let Some(rank0) = &rank0 {
+        if let Some(rank0) = rank0 {
             text.push_str(&crate::tp_report::section(
                 module,
                 rank0,
@@ -258,6 +282,56 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         out.display()
     );
     Ok(())
+}
+
+/// Files of an artifact directory: each path, relative to the directory, and its bytes.
+type Files = Vec<(PathBuf, Vec<u8>)>;
+
+/// The files of one tensor-parallel rank's artifact (`rank` lowered as `lowered`): its
+/// manifest, kernels, cubin (when `compiler` is given) and IR, the runnable part of an
+/// artifact; the report and explanation stay the whole model's.
+fn rank_artifact(
+    built: &Built,
+    rank: &Module,
+    lowered: &Lowered,
+    compiler: Option<&nvcc::Compiler>,
+) -> anyhow::Result<(Manifest<ModelConfig>, Files)> {
+    let source = render::render(&lowered.kernels)?;
+    let mut manifest = Manifest::new(
+        rank,
+        built.config.dtype,
+        lowered,
+        built.records.iter().map(|r| r.name.to_string()).collect(),
+        built.config.clone(),
+    );
+    manifest.notes = built.notes.iter().map(ToString::to_string).collect();
+    let mut files: Files = Vec::new();
+    if let Some(compiler) = compiler {
+        // Every rank's kernels are alike, so nvcc's cache serves all but the first.
+        let cache = nvcc::default_cache_dir();
+        let compiled = nvcc::compile(compiler, &source, lowered.target, cache.as_deref())?;
+        manifest.ptxas = nvcc::parse_ptxas(&compiled.ptxas)
+            .iter()
+            .map(Into::into)
+            .collect();
+        let cubin = format!("kernels.{}.cubin", lowered.target.name());
+        manifest.cubin = Some(cubin.clone());
+        manifest.compiler = Some(compiler.version.clone());
+        files.push((cubin.into(), compiled.cubin));
+    }
+    let manifest_text =
+        ron::ser::to_string_pretty(&manifest, ron::ser::PrettyConfig::new().depth_limit(5))
+            .context("serialising a rank's manifest (a glmc bug)")?;
+    files.push(("manifest.ron".into(), manifest_text.into_bytes()));
+    files.push(("kernels.cu".into(), source.into_bytes()));
+    files.push(("ir/module.txt".into(), print_module(rank).into_bytes()));
+    for p in &lowered.phases {
+        files.push((
+            format!("ir/{}.lowered.txt", p.function).into(),
+            p.print(&lowered.kernels).into_bytes(),
+        ));
+    }
+    Ok((manifest, files))
 }
 
 /// Writes every file into a fresh sibling directory, then swaps it into place, so a failure

@@ -24,6 +24,14 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
         &args.pipeline,
         after.clone(),
     )?;
+    if args.rank >= args.tp {
+        anyhow::bail!(
+            "--rank {} is not a rank of --tp {}: ranks are 0..{}",
+            args.rank,
+            args.tp,
+            args.tp
+        );
+    }
     let mut out = String::new();
     if args.lowered {
         let target = args
@@ -31,7 +39,12 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
             .as_deref()
             .expect("clap requires --target with --lowered")
             .parse()?;
-        let lowered = crate::compile::lower(&built, target, &args.limits)?;
+        // Rank R's schedule, with its collectives, when --tp asks for one.
+        let module = match args.tp {
+            1 => built.module.clone(),
+            tp => glmc_passes::partition(&built.module, tp)?.swap_remove(args.rank as usize),
+        };
+        let lowered = crate::compile::lower_rank(&built, &module, target, &args.limits)?;
         for phase in &lowered.phases {
             if args.phase.is_none_or(|p| phase_name(p) == phase.function) {
                 out.push_str(&phase.print(&lowered.kernels));
@@ -56,15 +69,7 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
                 out.push_str(&render(args, module.clone())?);
             }
         }
-    } else if args.tp > 1 || args.rank > 0 {
-        if args.rank >= args.tp {
-            anyhow::bail!(
-                "--rank {} is not a rank of --tp {}: ranks are 0..{}",
-                args.rank,
-                args.tp,
-                args.tp
-            );
-        }
+    } else if args.tp > 1 {
         let mut ranks = glmc_passes::partition(&built.module, args.tp)?;
         out = render(args, ranks.swap_remove(args.rank as usize))?;
     } else {

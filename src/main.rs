@@ -16,6 +16,7 @@ mod model_source;
 mod report;
 mod run;
 mod tp_report;
+mod tp_run;
 
 use std::process::ExitCode;
 

@@ -4,11 +4,13 @@
 //! prefilled into a cache slot of its own, then every step decodes all unfinished sequences in
 //! one call. With `--tp N` the N ranks' graphs run together, their collectives simulated between
 //! threads; `--trace` records every rank, its entries tagged with the rank, so `compare-trace`
-//! lines each rank up with a TP=1 trace. On the GPU, `run` compiles the model for the GPU
+//! lines each rank up with a TP=1 trace. On GPUs `--tp N` runs each rank's artifact on its own
+//! GPU with NCCL (see `tp_run`). On the GPU, `run` compiles the model for the GPU
 //! present (nvcc's output cached by content hash, so a second run does not call it), or runs an
 //! artifact directory of `glmc compile` as it is.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use glmc_codegen::artifact::{Manifest, MANIFEST_VERSION};
@@ -16,6 +18,7 @@ use glmc_codegen::{nvcc, Limits, Target};
 use glmc_models::builder::{BuildOptions, LogitRows, Sampler};
 use glmc_models::ModelConfig;
 use glmc_passes::AttentionChoice;
+use glmc_runtime::cuda::tp::{RankArtifact, TpExecutor};
 use glmc_runtime::cuda::{random_fill, CudaExecutor, Gpu};
 use glmc_runtime::trace::{check_finite, Fault, TraceHeader, TraceLayout, TraceWriter};
 use glmc_runtime::{
@@ -25,6 +28,7 @@ use tokenizers::Tokenizer;
 
 use crate::cli::{DeviceArg, RunArgs};
 use crate::compile::{build, Built};
+use crate::tp_run::{self, Processes};
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     if args.no_cuda_graphs && args.device != DeviceArg::Cuda {
@@ -55,7 +59,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             // Every tensor is checked before any compute, so a bad checkpoint fails in a
             // second, not after a long prefill.
             crate::checkpoint::check(&built, &checkpoint)?;
-            (Weights::Checkpoint(checkpoint), Some(dir))
+            (Weights::Checkpoint(Arc::new(checkpoint)), Some(dir))
         }
     };
     let (tokenizer, prompts) = prompts(args, dir.as_deref())?;
@@ -74,10 +78,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
                 .with_fault(fault);
             Generator::with_executor(Box::new(exec))?
         }
+        DeviceArg::Cuda if args.tp > 1 => {
+            let exec = tp_group(&built, &ranks, &weights, limits, args)?;
+            Generator::with_executor(Box::new(exec))?
+        }
         DeviceArg::Cuda => {
-            if args.tp > 1 {
-                bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N");
-            }
             let mut exec = cuda_executor(&built, &weights, limits, args)?;
             if observes(args) {
                 exec.observe(&built.module)?;
@@ -121,8 +126,30 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    if args.tp > 1 {
-        bail!("--tp on the GPU needs NCCL execution, which glmc does not have yet: use --device cpu --tp N with the model");
+    let processes = match args.tp {
+        1 => None,
+        _ => {
+            refuse_observing_tp(args)?;
+            Some(Processes::from_args(args, |v| std::env::var(v).ok())?)
+        }
+    };
+    // An artifact of `glmc compile --tp N` holds each rank's in rankR/: this process runs its
+    // own ranks'.
+    let rank_dirs: Vec<PathBuf> = match &processes {
+        None => vec![dir.clone()],
+        Some(p) => {
+            let placement = p.placement(args.tp);
+            (placement.first_rank..placement.first_rank + placement.gpus.len())
+                .map(|r| dir.join(format!("rank{r}")))
+                .collect()
+        }
+    };
+    if !rank_dirs[0].join("manifest.ron").is_file() {
+        bail!(
+            "{} holds no rank artifacts (rank0/ …): it was compiled without --tp; recompile it with glmc compile --tp {}",
+            dir.display(),
+            args.tp
+        );
     }
     let p = &args.pipeline;
     if p.dtype.is_some() || p.opt_level != 1 || !p.disable_pass.is_empty() || p.attention.is_some()
@@ -132,44 +159,23 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    let path = dir.join("manifest.ron");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let manifest: Manifest<ModelConfig> = ron::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not a manifest this glmc reads ({e}): recompile the artifact with glmc compile",
-            path.display()
-        )
-    })?;
-    if manifest.version != MANIFEST_VERSION {
-        bail!(
-            "{}: manifest version {}, this glmc reads version {MANIFEST_VERSION}: recompile the artifact with this glmc",
-            path.display(),
-            manifest.version
-        );
-    }
+    let mut artifacts = rank_dirs
+        .iter()
+        .map(|d| read_artifact(d, args.tp))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (manifest, cubin) = {
+        let first = &artifacts[0];
+        (first.manifest.clone(), first.cubin.clone())
+    };
     let weights = match (args.random_weights, &args.weights) {
         (Some(seed), _) => Weights::Random(RandomWeights::new(seed, manifest.config.dtype)),
-        (None, Some(w)) => Weights::Checkpoint(Checkpoint::open(w)?),
+        (None, Some(w)) => Weights::Checkpoint(Arc::new(Checkpoint::open(w)?)),
         (None, None) => bail!(
             "{} is an artifact directory, which holds no weights: pass --weights DIR (the checkpoint of {}, with model.safetensors or model.safetensors.index.json) or --random-weights SEED",
             dir.display(),
             manifest.model
         ),
     };
-    let Some(cubin_name) = &manifest.cubin else {
-        bail!(
-            "{}: the artifact has kernels.cu but no cubin (it was compiled without a CUDA compiler): recompile it with --nvcc PATH or GLMC_NVCC set",
-            path.display()
-        );
-    };
-    let cubin_path = dir.join(cubin_name);
-    let cubin = std::fs::read(&cubin_path).with_context(|| {
-        format!(
-            "reading {} (manifest.ron's cubin): recompile the artifact",
-            cubin_path.display()
-        )
-    })?;
     let (tokenizer, prompts) = prompts(args, args.weights.as_deref())?;
     let limits = &manifest.limits;
     for (flag, asked, compiled, what) in [
@@ -208,8 +214,35 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
         );
     }
     let eos = eos_ids(&manifest.config, args.weights.as_deref())?;
+    let traced = (manifest.model.as_str(), TraceLayout::default());
+    if let Some(processes) = &processes {
+        tp_run::check_host(args, processes)?;
+        let random = match &weights {
+            Weights::Random(r) => {
+                let target: Target = manifest.target.parse()?;
+                random_generator(args.nvcc.as_deref(), target)?.map(|cubin| (*r, cubin))
+            }
+            Weights::Checkpoint(_) => None,
+        };
+        let artifacts = std::mem::take(&mut artifacts);
+        let exec = tp_run::start(
+            args,
+            processes,
+            artifacts,
+            tp_run::group_weights(weights.shared(), random),
+        )?;
+        let mut generator = Generator::with_executor(Box::new(exec))?;
+        return generate_and_print(
+            args,
+            &mut generator,
+            &prompts,
+            &eos,
+            tokenizer.as_ref(),
+            traced,
+        );
+    }
     let mut exec = match &weights {
-        Weights::Checkpoint(c) => CudaExecutor::load(&manifest, &cubin, c)?,
+        Weights::Checkpoint(c) => CudaExecutor::load(&manifest, &cubin, c.as_ref())?,
         Weights::Random(r) => {
             let target: Target = manifest.target.parse()?;
             match nvcc::find(args.nvcc.as_deref())? {
@@ -243,7 +276,6 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
     let mut generator = Generator::with_executor(Box::new(exec))?;
     // The artifact's IR is optimised but not the builder's, so there is no split layout to
     // read: its trace lines up with others of one device.
-    let traced = (manifest.model.as_str(), TraceLayout::default());
     generate_and_print(
         args,
         &mut generator,
@@ -447,17 +479,155 @@ fn generate_and_print(
 
 /// Where `run` takes the weights from.
 enum Weights {
-    Checkpoint(Checkpoint),
+    // Shared, so a tensor-parallel group's rank threads read it too.
+    Checkpoint(Arc<Checkpoint>),
     Random(RandomWeights),
 }
 
 impl Weights {
     fn source(&self) -> &(dyn WeightSource + Sync) {
         match self {
-            Weights::Checkpoint(c) => c,
+            Weights::Checkpoint(c) => c.as_ref(),
             Weights::Random(r) => r,
         }
     }
+
+    fn shared(&self) -> Arc<dyn WeightSource + Send + Sync> {
+        match self {
+            Weights::Checkpoint(c) => c.clone(),
+            Weights::Random(r) => Arc::new(*r),
+        }
+    }
+}
+
+/// An artifact directory's manifest and cubin, checked to be of this glmc and, for `tp` above
+/// 1, a rank of a group of `tp`.
+fn read_artifact(dir: &Path, tp: u64) -> anyhow::Result<RankArtifact<ModelConfig>> {
+    let path = dir.join("manifest.ron");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let manifest: Manifest<ModelConfig> = ron::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a manifest this glmc reads ({e}): recompile the artifact with glmc compile",
+            path.display()
+        )
+    })?;
+    if manifest.version != MANIFEST_VERSION {
+        bail!(
+            "{}: manifest version {}, this glmc reads version {MANIFEST_VERSION}: recompile the artifact with this glmc",
+            path.display(),
+            manifest.version
+        );
+    }
+    if manifest.tp.degree != tp {
+        bail!(
+            "{}: the artifact is rank {} of --tp {}, the run asks for --tp {tp}: run it with --tp {}, or recompile with glmc compile --tp {tp}",
+            path.display(),
+            manifest.tp.rank,
+            manifest.tp.degree,
+            manifest.tp.degree
+        );
+    }
+    let Some(cubin_name) = &manifest.cubin else {
+        bail!(
+            "{}: the artifact has kernels.cu but no cubin (it was compiled without a CUDA compiler): recompile it with --nvcc PATH or GLMC_NVCC set",
+            path.display()
+        );
+    };
+    let cubin_path = dir.join(cubin_name);
+    let cubin = std::fs::read(&cubin_path).with_context(|| {
+        format!(
+            "reading {} (manifest.ron's cubin): recompile the artifact",
+            cubin_path.display()
+        )
+    })?;
+    Ok(RankArtifact { manifest, cubin })
+}
+
+/// The random-weight generator compiled for `target`, when a CUDA compiler is found; without
+/// one the same weights are made on the host (slower, identical).
+fn random_generator(nvcc_flag: Option<&Path>, target: Target) -> anyhow::Result<Option<Vec<u8>>> {
+    let Some(compiler) = nvcc::find(nvcc_flag)? else {
+        return Ok(None);
+    };
+    let cache = nvcc::default_cache_dir();
+    let generator = nvcc::compile(&compiler, random_fill::SOURCE, target, cache.as_deref())?;
+    Ok(Some(generator.cubin))
+}
+
+/// `--trace` and `--check-finite` read every node back from one executor; a GPU group's ranks
+/// run on threads of their own.
+fn refuse_observing_tp(args: &RunArgs) -> anyhow::Result<()> {
+    if observes(args) {
+        bail!("--trace and --check-finite are not available with --device cuda --tp N: trace the same rank graphs with --device cpu --tp N, or the model with --device cuda at --tp 1");
+    }
+    Ok(())
+}
+
+/// The target of the GPU present (GPU 0; a group's GPUs are alike).
+fn gpu_target() -> anyhow::Result<Target> {
+    let (major, minor) = Gpu::open(0)?.compute_capability()?;
+    let Some(target) = Target::for_gpu(major, minor) else {
+        bail!(
+            "this GPU is sm_{major}{minor}; glmc compiles for sm_90 (H100/H200) and sm_120 (RTX PRO 6000 Blackwell)"
+        );
+    };
+    Ok(target)
+}
+
+/// This process's ranks of `ranks` (the model's graphs of a group of `--tp`) compiled for the
+/// GPUs present, sized for this run, and started with their weights.
+fn tp_group(
+    built: &Built,
+    ranks: &[glmc_ir::Module],
+    weights: &Weights,
+    limits: Limits,
+    args: &RunArgs,
+) -> anyhow::Result<TpExecutor> {
+    refuse_observing_tp(args)?;
+    let processes = Processes::from_args(args, |v| std::env::var(v).ok())?;
+    tp_run::check_host(args, &processes)?;
+    let target = gpu_target()?;
+    check_positions(built, limits)?;
+    let placement = processes.placement(args.tp);
+    let mut artifacts = Vec::with_capacity(placement.gpus.len());
+    for rank in &ranks[placement.first_rank..placement.first_rank + placement.gpus.len()] {
+        // The ranks' kernels are alike, so nvcc's cache serves every rank after the first.
+        let compiled = glmc_runtime::cuda::compile(
+            rank,
+            built.config.clone(),
+            built.config.dtype,
+            target,
+            limits,
+            args.nvcc.as_deref(),
+        )?;
+        artifacts.push(RankArtifact {
+            manifest: compiled.manifest,
+            cubin: compiled.cubin,
+        });
+    }
+    let random = match weights {
+        Weights::Random(r) => random_generator(args.nvcc.as_deref(), target)?.map(|c| (*r, c)),
+        Weights::Checkpoint(_) => None,
+    };
+    tp_run::start(
+        args,
+        &processes,
+        artifacts,
+        tp_run::group_weights(weights.shared(), random),
+    )
+}
+
+/// Refuses a run whose context passes the model's positions.
+fn check_positions(built: &Built, limits: Limits) -> anyhow::Result<()> {
+    let positions = built.config.max_position_embeddings;
+    if limits.max_context > positions {
+        bail!(
+            "the run needs {} tokens of context (--max-context, or the prompt and --max-new-tokens), past the model's {positions} positions",
+            limits.max_context
+        );
+    }
+    Ok(())
 }
 
 /// Compiles the built model for the GPU present, sized for this run (`limits`: each prompt in
@@ -469,19 +639,8 @@ fn cuda_executor(
     limits: Limits,
     args: &RunArgs,
 ) -> anyhow::Result<CudaExecutor> {
-    let (major, minor) = Gpu::open(0)?.compute_capability()?;
-    let Some(target) = Target::for_gpu(major, minor) else {
-        bail!(
-            "this GPU is sm_{major}{minor}; glmc compiles for sm_90 (H100/H200) and sm_120 (RTX PRO 6000 Blackwell)"
-        );
-    };
-    let positions = built.config.max_position_embeddings;
-    if limits.max_context > positions {
-        bail!(
-            "the run needs {} tokens of context (--max-context, or the prompt and --max-new-tokens), past the model's {positions} positions",
-            limits.max_context
-        );
-    }
+    let target = gpu_target()?;
+    check_positions(built, limits)?;
     let compiled = glmc_runtime::cuda::compile(
         &built.module,
         &built.config,
@@ -491,7 +650,9 @@ fn cuda_executor(
         args.nvcc.as_deref(),
     )?;
     Ok(match weights {
-        Weights::Checkpoint(c) => CudaExecutor::load(&compiled.manifest, &compiled.cubin, c)?,
+        Weights::Checkpoint(c) => {
+            CudaExecutor::load(&compiled.manifest, &compiled.cubin, c.as_ref())?
+        }
         Weights::Random(r) => {
             let cache = nvcc::default_cache_dir();
             let generator = nvcc::compile(

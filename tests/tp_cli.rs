@@ -141,3 +141,110 @@ fn dump_shows_a_rank_of_glm5_with_its_shapes_and_collectives() {
         assert!(out.contains(line), "missing {line}");
     }
 }
+
+#[test]
+fn compile_with_tp_writes_every_rank_artifact_complete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("art");
+    let model = repo("models/tiny-sparse.ron");
+    let o = glmc(&[
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "sm90a",
+        "--tp",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for r in 0..2 {
+        let text = std::fs::read_to_string(out.join(format!("rank{r}/manifest.ron"))).unwrap();
+        assert!(text.contains("complete: true"), "rank {r} is incomplete");
+        assert!(
+            text.contains(&format!("rank: {r}")),
+            "rank {r}'s manifest names its rank"
+        );
+        assert!(text.contains("Collective("), "rank {r} has collectives");
+        let lowered =
+            std::fs::read_to_string(out.join(format!("rank{r}/ir/decode.lowered.txt"))).unwrap();
+        assert!(
+            lowered.contains("all_gather \"lm_head\": collective over 2 ranks"),
+            "{lowered}"
+        );
+    }
+    // The whole model's artifact is there too, and one of another degree is refused.
+    assert!(out.join("manifest.ron").is_file());
+    let stderr = failure(&glmc(&[
+        "run",
+        out.to_str().unwrap(),
+        "--device",
+        "cuda",
+        "--tp",
+        "4",
+        "--random-weights",
+        "1",
+        "--prompt-ids",
+        "1,2",
+    ]));
+    assert!(
+        stderr.contains("compiled without --tp") || stderr.contains("recompile"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_artifact_compiled_without_tp_is_refused_at_tp_2_with_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("art");
+    let model = repo("models/tiny-sparse.ron");
+    let o = glmc(&[
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "sm90a",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stderr = failure(&glmc(&[
+        "run",
+        out.to_str().unwrap(),
+        "--device",
+        "cuda",
+        "--tp",
+        "2",
+        "--random-weights",
+        "1",
+        "--prompt-ids",
+        "1,2",
+    ]));
+    assert!(
+        stderr.contains("compiled without --tp; recompile it with glmc compile --tp 2"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn gpu_tp_refuses_traces_and_bad_timeouts_before_touching_a_gpu() {
+    let model = repo("models/tiny-sparse.ron");
+    let m = model.to_str().unwrap();
+    let base = [
+        "run",
+        m,
+        "--device",
+        "cuda",
+        "--tp",
+        "2",
+        "--random-weights",
+        "1",
+        "--prompt-ids",
+        "1,2",
+    ];
+    let stderr = failure(&glmc(&[&base[..], &["--check-finite"]].concat()));
+    assert!(stderr.contains("--device cpu --tp N"), "{stderr}");
+    let stderr = failure(&glmc(&[&base[..], &["--collective-timeout", "0"]].concat()));
+    assert!(stderr.contains("positive number of seconds"), "{stderr}");
+    let stderr = failure(&glmc(&[&base[..], &["--world-size", "2"]].concat()));
+    assert!(stderr.contains("MASTER_ADDR"), "{stderr}");
+}
