@@ -7,6 +7,9 @@
 #   scripts/gpu-test.sh run [ARGS]    # on the GPU machine, from the repository root: runs them
 #                               # all; ARGS go to every test binary (a name filter, or
 #                               # `--skip NAME` to leave the timing runs out when device time is short)
+#   scripts/gpu-test.sh run-tp [ARGS] # on a machine with two GPUs (nvidia-h200-x2): the
+#                               # tensor-parallel tests (tp_gpu: NCCL --tp 2 against --tp 1,
+#                               # faults, decode speed), their report in tp.md
 #
 # The device call carries `.gpu` and runs `scripts/gpu-test.sh run`; results land in
 # $OUT/results.tgz (one log per group, times.txt, and the reports the tests write: harness.txt,
@@ -27,17 +30,18 @@ build)
         exit 0
     fi
     # The test binaries with GPU tests, by name: the kernel harness, the oracle, the
-    # cross-device traces and the GLM-5-sized runs.
-    cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle --test trace --test glm5_gpu \
+    # cross-device traces, the GLM-5-sized runs and tensor parallelism on two GPUs.
+    cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle --test trace --test glm5_gpu --test tp_gpu \
         --no-run --message-format=json |
         python3 -c 'import json, shutil, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_kernels", "oracle", "trace", "glm5_gpu"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_kernels", "oracle", "trace", "glm5_gpu", "tp_gpu"):
         shutil.copy(m["executable"], ".gpu/" + m["target"]["name"])'
     ls -la .gpu
     ;;
-run)
+run | run-tp)
+    mode=$1
     # Results go to $OUT/results/ and leave as one archive, $OUT/results.tgz (a device call
     # returns at most 8 files), also when a deadline stops a test: GLMC_GPU_BUDGET seconds
     # (default 570, under the call's 600) for the whole run. The checks that time nothing run
@@ -73,6 +77,17 @@ run)
     # A glmc that a test started and left running when its time ran out would hold GPU memory
     # into the next test.
     stop_strays() { pkill -x glmc || true; }
+    if [ "$mode" = run-tp ]; then
+        # The fault tests first (short, and they show a failing group exits), then the f32
+        # oracle comparison, bf16, and the speed runs, one test at a time on both GPUs.
+        nvidia-smi topo -m >>"$results/times.txt" 2>&1 || true
+        for group in a_rank_that oracle_fixture glm5_2layer bf16_tp2 decode_step_time; do
+            run_tests "tp-$group" tp_gpu 1 "$group" "$@" || status=1
+            stop_strays
+        done
+        cat "$results/times.txt"
+        exit $status
+    fi
     run_tests checks gpu_kernels 3 --skip timed --skip bandwidth "$@" &
     checks=$!
     { run_tests oracle oracle 1 "$@" && run_tests trace trace 1 "$@"; } || status=1
@@ -89,7 +104,7 @@ run)
     exit $status
     ;;
 *)
-    echo "usage: $0 build | run [TEST-BINARY ARGS]" >&2
+    echo "usage: $0 build | run [TEST-BINARY ARGS] | run-tp [TEST-BINARY ARGS]" >&2
     exit 2
     ;;
 esac
