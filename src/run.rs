@@ -159,14 +159,11 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    let mut artifacts = rank_dirs
+    let manifests = rank_dirs
         .iter()
-        .map(|d| read_artifact(d, args.tp))
+        .map(|d| read_manifest(d, args.tp))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (manifest, cubin) = {
-        let first = &artifacts[0];
-        (first.manifest.clone(), first.cubin.clone())
-    };
+    let manifest = manifests[0].clone();
     let weights = match (args.random_weights, &args.weights) {
         (Some(seed), _) => Weights::Random(RandomWeights::new(seed, manifest.config.dtype)),
         (None, Some(w)) => Weights::Checkpoint(Arc::new(Checkpoint::open(w)?)),
@@ -176,6 +173,15 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
             manifest.model
         ),
     };
+    let mut artifacts = rank_dirs
+        .iter()
+        .zip(manifests)
+        .map(|(d, manifest)| {
+            let cubin = read_cubin(d, &manifest)?;
+            Ok(RankArtifact { manifest, cubin })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cubin = artifacts[0].cubin.clone();
     let (tokenizer, prompts) = prompts(args, args.weights.as_deref())?;
     let limits = &manifest.limits;
     for (flag, asked, compiled, what) in [
@@ -500,9 +506,9 @@ impl Weights {
     }
 }
 
-/// An artifact directory's manifest and cubin, checked to be of this glmc and, for `tp` above
-/// 1, a rank of a group of `tp`.
-fn read_artifact(dir: &Path, tp: u64) -> anyhow::Result<RankArtifact<ModelConfig>> {
+/// An artifact directory's manifest, checked to be of this glmc and, for `tp` above 1, a rank
+/// of a group of `tp`.
+fn read_manifest(dir: &Path, tp: u64) -> anyhow::Result<Manifest<ModelConfig>> {
     let path = dir.join("manifest.ron");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -528,6 +534,12 @@ fn read_artifact(dir: &Path, tp: u64) -> anyhow::Result<RankArtifact<ModelConfig
             manifest.tp.degree
         );
     }
+    Ok(manifest)
+}
+
+/// The cubin `manifest` (of artifact directory `dir`) names.
+fn read_cubin(dir: &Path, manifest: &Manifest<ModelConfig>) -> anyhow::Result<Vec<u8>> {
+    let path = dir.join("manifest.ron");
     let Some(cubin_name) = &manifest.cubin else {
         bail!(
             "{}: the artifact has kernels.cu but no cubin (it was compiled without a CUDA compiler): recompile it with --nvcc PATH or GLMC_NVCC set",
@@ -535,13 +547,12 @@ fn read_artifact(dir: &Path, tp: u64) -> anyhow::Result<RankArtifact<ModelConfig
         );
     };
     let cubin_path = dir.join(cubin_name);
-    let cubin = std::fs::read(&cubin_path).with_context(|| {
+    std::fs::read(&cubin_path).with_context(|| {
         format!(
             "reading {} (manifest.ron's cubin): recompile the artifact",
             cubin_path.display()
         )
-    })?;
-    Ok(RankArtifact { manifest, cubin })
+    })
 }
 
 /// The random-weight generator compiled for `target`, when a CUDA compiler is found; without
