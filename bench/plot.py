@@ -25,7 +25,7 @@ def decode_latency(docs, path):
     fig, ax = plt.subplots(figsize=(9, 6))
     lines = {}
     for attention, p in render.glmc_points(docs, "decode"):
-        lines.setdefault((f"glmc {attention}", p["rows"]), []).append((p["context"], p["step_s"]["median"] * 1e3))
+        lines.setdefault((f"glmc {attention}", p["rows"]), []).append((p["context"], render.decode_latency(p) * 1e3))
     for (mode, batch, context), p in render.peer_decode(docs).items():
         if p.get("step_s"):
             lines.setdefault((f"HF {mode}", batch), []).append((context, p["step_s"]["median"] * 1e3))

@@ -38,10 +38,16 @@ class RenderTest(unittest.TestCase):
     def test_decode_rows_put_glmc_both_paths_and_the_peers_side_by_side(self):
         row = next(l for l in self.text.splitlines() if l.startswith("| 1 | 1024 |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
-        # batch, context, sparse (ms, tok/s, roofline ms, of roofline, predicted), dense (same),
-        # HF eager (ms, tok/s), HF reduce-overhead (failed: dashes)
-        self.assertEqual(cells, ["1", "1024", "2.000", "500.0", "1.000", "50.0%", "1.100",
-                                 "2.100", "476.2", "1.000", "47.6%", "1.100", "50.000", "20.0", "—", "—"])
+        # batch, context, sparse (ms, tok/s, roofline ms, of roofline, predicted: from the CUDA
+        # graph step), dense (same), HF eager (ms, tok/s), HF reduce-overhead (failed: dashes)
+        self.assertEqual(cells, ["1", "1024", "1.600", "625.0", "1.000", "62.5%", "1.100",
+                                 "1.680", "595.2", "1.000", "59.5%", "1.100", "50.000", "20.0", "—", "—"])
+
+    def test_a_decode_point_without_a_graph_step_takes_its_launched_step(self):
+        point = {"step_s": {"median": 2.0}, "graph_step_s": None}
+        self.assertEqual(render.decode_latency(point), 2.0)
+        point["graph_step_s"] = {"median": 1.5}
+        self.assertEqual(render.decode_latency(point), 1.5)
 
     def test_points_a_run_lacks_are_dashes(self):
         row = next(l for l in self.text.splitlines() if l.startswith("| 1 | 8192 |"))
