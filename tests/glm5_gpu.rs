@@ -8,7 +8,7 @@ mod common_oracle;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common_oracle::{glmc, glmc_run, repo_root, row_errors};
+use common_oracle::{glmc, glmc_run, model_file, row_errors};
 use glmc_runtime::trace::{difference, read_trace, TraceEntry};
 
 /// The f32 tolerance of the oracle tests: max |GPU − CPU| / max |CPU| per logits row.
@@ -27,15 +27,6 @@ fn prompt(n: usize) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
-}
-
-fn model(file: &str) -> String {
-    repo_root()
-        .join("models")
-        .join(file)
-        .to_str()
-        .expect("a UTF-8 path")
-        .to_string()
 }
 
 /// `glmc run MODEL --random-weights 11 --prompt-ids P --max-new-tokens 0 --trace FILE EXTRA…`:
@@ -76,7 +67,7 @@ fn traced(model: &str, prompt: &str, trace: &Path, extra: &[&str]) {
 #[test]
 #[ignore = "gpu"]
 fn glm5_2layer_on_the_gpu_matches_the_interpreter() {
-    let model = model("glm5-2layer.ron");
+    let model = model_file("glm5-2layer.ron");
     let prompt = prompt(64);
     let tmp = tempfile::tempdir().expect("a temporary directory");
     let trace = |name: &str| tmp.path().join(format!("{name}.trace"));
@@ -179,7 +170,7 @@ fn bf16_spread(
 #[test]
 #[ignore = "gpu"]
 fn glm5_slice_runs_an_8k_prefill_and_256_decode_steps_with_finite_outputs() {
-    let model = model("glm5-slice.ron");
+    let model = model_file("glm5-slice.ron");
     let prompt = prompt(8192);
     let started = std::time::Instant::now();
     let out = glmc(&[

@@ -142,22 +142,23 @@ fn dump_shows_a_rank_of_glm5_with_its_shapes_and_collectives() {
     }
 }
 
+/// `glmc compile models/tiny-sparse.ron --target sm90a EXTRA -o DIR/art`, which must succeed;
+/// the artifact's directory.
+fn compile_tiny_sparse(dir: &Path, extra: &[&str]) -> PathBuf {
+    let out = dir.join("art");
+    let model = repo("models/tiny-sparse.ron");
+    let mut args = vec!["compile", model.to_str().unwrap(), "--target", "sm90a"];
+    args.extend_from_slice(extra);
+    args.extend(["-o", out.to_str().unwrap()]);
+    let o = glmc(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
 #[test]
 fn compile_with_tp_writes_every_rank_artifact_complete() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("art");
-    let model = repo("models/tiny-sparse.ron");
-    let o = glmc(&[
-        "compile",
-        model.to_str().unwrap(),
-        "--target",
-        "sm90a",
-        "--tp",
-        "2",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = compile_tiny_sparse(tmp.path(), &["--tp", "2"]);
     for r in 0..2 {
         let text = std::fs::read_to_string(out.join(format!("rank{r}/manifest.ron"))).unwrap();
         assert!(text.contains("complete: true"), "rank {r} is incomplete");
@@ -196,17 +197,7 @@ fn compile_with_tp_writes_every_rank_artifact_complete() {
 #[test]
 fn an_artifact_compiled_without_tp_is_refused_at_tp_2_with_the_fix() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("art");
-    let model = repo("models/tiny-sparse.ron");
-    let o = glmc(&[
-        "compile",
-        model.to_str().unwrap(),
-        "--target",
-        "sm90a",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = compile_tiny_sparse(tmp.path(), &[]);
     let stderr = failure(&glmc(&[
         "run",
         out.to_str().unwrap(),

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use common_oracle::{fixture_dirs, ids_arg, repo_root, Dump, Logits, Oracle};
+use common_oracle::{fixture_dirs, ids_arg, model_file, repo_root, Dump, Logits, Oracle};
 
 /// TP=2 against TP=1 in f32, per logits row where the top-k picks agree.
 const F32_TOL: f64 = 1e-5;
@@ -47,15 +47,6 @@ fn report(section: &str) {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     writeln!(f, "{section}").expect("writing the report");
     eprintln!("{section}");
-}
-
-fn model(file: &str) -> String {
-    repo_root()
-        .join("models")
-        .join(file)
-        .to_str()
-        .expect("a UTF-8 path")
-        .to_string()
 }
 
 /// `n` token ids below `vocab` (a fixed pseudo-random walk).
@@ -244,7 +235,7 @@ fn f32_tp2_logits_match_tp1_on_every_oracle_fixture() {
 #[test]
 #[ignore = "gpu"]
 fn f32_tp2_logits_match_tp1_on_glm5_2layer() {
-    let m = model("glm5-2layer.ron");
+    let m = model_file("glm5-2layer.ron");
     let p = prompt(32, 154_880);
     let args = [
         "--random-weights",
@@ -284,7 +275,7 @@ fn f32_tp2_logits_match_tp1_on_glm5_2layer() {
 #[test]
 #[ignore = "gpu"]
 fn bf16_tp2_greedy_tokens_match_tp1_up_to_a_near_tie() {
-    let m = model("glm5-2layer.ron");
+    let m = model_file("glm5-2layer.ron");
     let p = prompt(32, 154_880);
     let args = [
         "--random-weights",
@@ -402,7 +393,7 @@ fn a_rank_that_hangs_is_timed_out_naming_it() {
 #[test]
 #[ignore = "gpu"]
 fn decode_step_time_at_tp2_and_tp1() {
-    let m = model("glm5-slice.ron");
+    let m = model_file("glm5-slice.ron");
     let p = prompt(32, 154_880);
     let mut rows = String::from(
         "## Decode speed: glm5-slice (bf16, random weights), batch 1, context ≤ 104\n\n| --tp | wall, 8 new tokens | wall, 72 new tokens | per decode step |\n|---|---|---|---|\n",

@@ -36,6 +36,16 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// `models/FILE` of the repository, as a `glmc` argument.
+pub fn model_file(file: &str) -> String {
+    repo_root()
+        .join("models")
+        .join(file)
+        .to_str()
+        .expect("a UTF-8 path")
+        .to_string()
+}
+
 pub fn fixtures_root() -> PathBuf {
     repo_root().join("tests/oracle/fixtures")
 }
