@@ -8,26 +8,11 @@ mod common_oracle;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common_oracle::{glmc, glmc_run, model_file, row_errors};
+use common_oracle::{glmc, glmc_run, model_file, row_errors, walk_prompt, GLM5_VOCAB};
 use glmc_runtime::trace::{difference, read_trace, TraceEntry};
 
 /// The f32 tolerance of the oracle tests: max |GPU − CPU| / max |CPU| per logits row.
 const F32_TOL: f64 = 1e-4;
-
-/// `n` token ids spread over GLM-5's vocabulary (a fixed pseudo-random walk, so every run of the
-/// test feeds the same prompt).
-fn prompt(n: usize) -> String {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 154_880).to_string()
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
 
 /// `glmc run MODEL --random-weights 11 --prompt-ids P --max-new-tokens 0 --trace FILE EXTRA…`:
 /// the prompt's prefill alone.
@@ -68,7 +53,7 @@ fn traced(model: &str, prompt: &str, trace: &Path, extra: &[&str]) {
 #[ignore = "gpu"]
 fn glm5_2layer_on_the_gpu_matches_the_interpreter() {
     let model = model_file("glm5-2layer.ron");
-    let prompt = prompt(64);
+    let prompt = walk_prompt(64, GLM5_VOCAB);
     let tmp = tempfile::tempdir().expect("a temporary directory");
     let trace = |name: &str| tmp.path().join(format!("{name}.trace"));
     let args = ["--prompt-ids", prompt.as_str(), "--random-weights", "11"];
@@ -171,7 +156,7 @@ fn bf16_spread(
 #[ignore = "gpu"]
 fn glm5_slice_runs_an_8k_prefill_and_256_decode_steps_with_finite_outputs() {
     let model = model_file("glm5-slice.ron");
-    let prompt = prompt(8192);
+    let prompt = walk_prompt(8192, GLM5_VOCAB);
     let started = std::time::Instant::now();
     let out = glmc(&[
         "run",

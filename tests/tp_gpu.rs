@@ -16,7 +16,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use common_oracle::{fixture_dirs, ids_arg, model_file, repo_root, Dump, Logits, Oracle};
+use common_oracle::{
+    fixture_dirs, ids_arg, model_file, repo_root, walk_prompt, Dump, Logits, Oracle, GLM5_VOCAB,
+};
 
 /// TP=2 against TP=1 in f32, per logits row where the top-k picks agree.
 const F32_TOL: f64 = 1e-5;
@@ -47,20 +49,6 @@ fn report(section: &str) {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     writeln!(f, "{section}").expect("writing the report");
     eprintln!("{section}");
-}
-
-/// `n` token ids below `vocab` (a fixed pseudo-random walk).
-fn prompt(n: usize, vocab: u64) -> String {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab).to_string()
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// A finished run: exit status, output, wall time, and its logits dump when it succeeded.
@@ -236,7 +224,7 @@ fn f32_tp2_logits_match_tp1_on_every_oracle_fixture() {
 #[ignore = "gpu"]
 fn f32_tp2_logits_match_tp1_on_glm5_2layer() {
     let m = model_file("glm5-2layer.ron");
-    let p = prompt(32, 154_880);
+    let p = walk_prompt(32, GLM5_VOCAB);
     let args = [
         "--random-weights",
         "11",
@@ -276,7 +264,7 @@ fn f32_tp2_logits_match_tp1_on_glm5_2layer() {
 #[ignore = "gpu"]
 fn bf16_tp2_greedy_tokens_match_tp1_up_to_a_near_tie() {
     let m = model_file("glm5-2layer.ron");
-    let p = prompt(32, 154_880);
+    let p = walk_prompt(32, GLM5_VOCAB);
     let args = [
         "--random-weights",
         "11",
@@ -394,7 +382,7 @@ fn a_rank_that_hangs_is_timed_out_naming_it() {
 #[ignore = "gpu"]
 fn decode_step_time_at_tp2_and_tp1() {
     let m = model_file("glm5-slice.ron");
-    let p = prompt(32, 154_880);
+    let p = walk_prompt(32, GLM5_VOCAB);
     let mut rows = String::from(
         "## Decode speed: glm5-slice (bf16, random weights), batch 1, context ≤ 104\n\n| --tp | wall, 8 new tokens | wall, 72 new tokens | per decode step |\n|---|---|---|---|\n",
     );

@@ -36,6 +36,24 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// GLM-5's vocabulary size (`models/glm5*.ron`).
+pub const GLM5_VOCAB: u64 = 154_880;
+
+/// `n` token ids below `vocab`, comma-separated: a fixed pseudo-random walk, so every run of a
+/// test feeds the same prompt.
+pub fn walk_prompt(n: usize, vocab: u64) -> String {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab).to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// `models/FILE` of the repository, as a `glmc` argument.
 pub fn model_file(file: &str) -> String {
     repo_root()
