@@ -49,6 +49,17 @@ class RenderTest(unittest.TestCase):
         point["graph_step_s"] = {"median": 1.5}
         self.assertEqual(render.decode_latency(point), 1.5)
 
+    def test_targets_are_judged_from_the_measured_numbers(self):
+        section = self.text.split("## Targets (issue 14)")[1].split("\n## ")[0]
+        rows = {r.split(" | ")[0].strip("| "): r.split(" | ")[1:] for r in section.splitlines() if r.startswith("| decode")}
+        # 1.000 ms of roofline in a 1.600 ms graph step; the eager peer's 50 ms is the best that ran.
+        self.assertEqual(rows["decode, batch 1, context 1024, sparse: ≥ 75% of the roofline"], ["62.5%", "missed |"])
+        self.assertEqual(
+            rows["decode, batch 1, context 1024, sparse: faster than the best PyTorch peer"],
+            ["1.600 ms against eager's 50.000 ms", "met |"],
+        )
+        self.assertEqual(rows["decode GEMMs never slower than torch.matmul"][1], "missed |")
+
     def test_points_a_run_lacks_are_dashes(self):
         row = next(l for l in self.text.splitlines() if l.startswith("| 1 | 8192 |"))
         self.assertEqual(row.count("—"), 9)
