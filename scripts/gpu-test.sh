@@ -78,6 +78,19 @@ run | run-tp)
     # into the next test.
     stop_strays() { pkill -x glmc || true; }
     if [ "$mode" = run-tp ]; then
+        # NVLink multicast stays off (the GPU host's rule: it can take the shared GPUs out of
+        # service), and NCCL registers no buffers in captured graphs (the arena is pool memory).
+        export NCCL_NVLS_ENABLE=0 NCCL_GRAPH_REGISTER=0
+        # cudarc opens libnccl.so, and the NCCL of a pip wheel ships only libnccl.so.2.
+        if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+            nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+            if [ -f "$nccl/libnccl.so.2" ]; then
+                mkdir -p /tmp/glmc-nccl
+                ln -sf "$nccl/libnccl.so.2" /tmp/glmc-nccl/libnccl.so
+                export LD_LIBRARY_PATH="/tmp/glmc-nccl:$nccl:${LD_LIBRARY_PATH:-}"
+            fi
+        fi
+        echo "NCCL: NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE, LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$results/times.txt"
         # The fault tests first (short, and they show a failing group exits), then the f32
         # oracle comparison, bf16, and the speed runs, one test at a time on both GPUs.
         nvidia-smi topo -m >>"$results/times.txt" 2>&1 || true

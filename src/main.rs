@@ -41,6 +41,9 @@ fn main() -> ExitCode {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {
             eprintln!("error: {}", report(&e));
+            if a_tensor_parallel_group_failed(&e) {
+                leave(2);
+            }
             ExitCode::from(2)
         }
         Err(_) => {
@@ -48,6 +51,26 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn a_tensor_parallel_group_failed(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<glmc_runtime::GenerateError>(),
+            Some(glmc_runtime::GenerateError::Tp(_))
+        )
+    })
+}
+
+/// Exits at once with `code`, running no exit handlers: a failed tensor-parallel group's
+/// threads may still be inside NCCL or CUDA (an abort waits for its graphs, which are never
+/// destroyed), and the libraries' exit handlers would tear them down underneath it.
+fn leave(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit ends the process; nothing after it runs.
+    unsafe { libc::_exit(code) }
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {

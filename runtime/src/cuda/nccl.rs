@@ -6,12 +6,14 @@
 //! A communicator is aborted, never destroyed collectively: `ncclCommAbort` is local and
 //! returns even when a peer is gone, which is what a failing group needs, and at the end of a
 //! run all work is done anyway. Another thread (the group's driver, on a rank's failure or a
-//! timeout) may abort it while the rank is blocked in a collective; NCCL allows that, and it is
-//! how a stuck collective is ended.
+//! timeout) may abort it while the rank waits on a collective's kernel: that is how a stuck
+//! collective is ended. It never aborts while the rank's thread is inside an NCCL call: a
+//! communicator is not thread-safe, and the last abort of a process's ranks frees all of their
+//! communicators, so the handle's lock covers each call and the abort takes the pointer away
+//! under it.
 
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::CudaStream;
 use cudarc::nccl::{result, sys};
@@ -80,17 +82,30 @@ impl UniqueId {
     }
 }
 
-/// A communicator handle that any thread may abort; null once aborted.
+/// A communicator; null once aborted.
+#[derive(Debug)]
+struct Handle(sys::ncclComm_t);
+
+// SAFETY: the pointer is only used under the handle's lock, by one thread at a time.
+unsafe impl Send for Handle {}
+
+/// A communicator handle that any thread may abort.
 #[derive(Clone, Debug)]
-pub struct Abort(Arc<AtomicPtr<sys::ncclComm>>);
+pub struct Abort(Arc<Mutex<Handle>>);
 
 impl Abort {
+    fn lock(&self) -> MutexGuard<'_, Handle> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Aborts the communicator (once; later calls do nothing): its collectives in flight end,
-    /// and the rank's later collectives fail with [`NcclError::Aborted`].
+    /// and the rank's later collectives fail with [`NcclError::Aborted`]. Waits for an NCCL
+    /// call the rank's thread is in to return.
     pub fn abort(&self) {
-        let comm = self.0.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        let comm = std::mem::replace(&mut self.lock().0, std::ptr::null_mut());
         if !comm.is_null() {
-            // SAFETY: `comm` came from ncclCommInitRank and is aborted once, here.
+            // SAFETY: `comm` came from ncclCommInitRank and is aborted once, here; no thread
+            // can use it any more (the handle now holds null).
             let _ = unsafe { result::comm_abort(comm) };
         }
     }
@@ -130,7 +145,7 @@ impl Comm {
             comm.assume_init()
         };
         Ok(Comm {
-            handle: Abort(Arc::new(AtomicPtr::new(comm))),
+            handle: Abort(Arc::new(Mutex::new(Handle(comm)))),
             rank,
         })
     }
@@ -158,7 +173,8 @@ impl Comm {
             node: c.node.clone(),
             why,
         };
-        let comm = self.handle.0.load(Ordering::Acquire);
+        let handle = self.handle.lock();
+        let comm = handle.0;
         if comm.is_null() {
             return Err(NcclError::Aborted {
                 op,

@@ -29,8 +29,10 @@ use crate::tensor::Tensor;
 use crate::trace::{call_label, Fault};
 
 /// How long the driver waits for the communicators' aborts before it reports the failure
-/// anyway: an abort that itself hangs must not hang the run.
-const ABORT_GRACE: Duration = Duration::from_secs(10);
+/// anyway: an abort that itself hangs must not hang the run. The last abort of a process's
+/// ranks waits until every CUDA graph that captured their collectives is destroyed, which a
+/// failed group never does (see `Drop`), while the kernels are released at its start.
+const ABORT_GRACE: Duration = Duration::from_secs(3);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TpError {
@@ -260,12 +262,12 @@ impl TpExecutor {
             failed: false,
         };
         let loaded = group.gather("loading", None, |r| match r {
-            Reply::Loaded(x) => Some(x),
+            Reply::Loaded(Ok(x)) => Some(x),
             _ => None,
         })?;
         group.shape = loaded.into_iter().next().expect("at least one rank");
         let aborts = group.gather("joining the group", Some(options.timeout), |r| match r {
-            Reply::Joined(x) => Some(x),
+            Reply::Joined(Ok(x)) => Some(x),
             _ => None,
         })?;
         group.aborts = aborts;
@@ -278,7 +280,7 @@ impl TpExecutor {
         &mut self,
         at: &str,
         deadline: Option<Duration>,
-        pick: impl Fn(Reply) -> Option<Result<T, GenerateError>>,
+        pick: impl Fn(Reply) -> Option<T>,
     ) -> Result<Vec<T>, GenerateError> {
         let start = Instant::now();
         let mut got: Vec<Option<T>> = self.ranks.iter().map(|_| None).collect();
@@ -327,25 +329,30 @@ impl TpExecutor {
                     }));
                 }
             };
-            if let Reply::Panicked = reply {
-                let rank = self.ranks[local].rank;
-                return Err(self.fail(TpError::Lost {
-                    rank,
-                    at: at.to_string(),
-                }));
-            }
-            match pick(reply) {
-                Some(Ok(value)) => got[local] = Some(value),
-                Some(Err(source)) => {
-                    let rank = self.ranks[local].rank;
+            let rank = self.ranks[local].rank;
+            let reply = match reply {
+                Reply::Panicked => {
+                    return Err(self.fail(TpError::Lost {
+                        rank,
+                        at: at.to_string(),
+                    }))
+                }
+                // A failure of another kind than the one gathered (a rank that loaded fast and
+                // failed to join while another still loads) is no less the group's end.
+                Reply::Loaded(Err(source))
+                | Reply::Joined(Err(source))
+                | Reply::Ran(Err(source)) => {
                     return Err(self.fail(TpError::Rank {
                         rank,
                         at: at.to_string(),
                         source: Box::new(source),
-                    }));
+                    }))
                 }
-                // A late answer to an earlier step cannot come: a failed group runs no more.
-                None => {}
+                ok => ok,
+            };
+            // A late answer to an earlier step cannot come: a failed group runs no more.
+            if let Some(value) = pick(reply) {
+                got[local] = Some(value);
             }
         }
         Ok(got.into_iter().map(|v| v.expect("all answered")).collect())
@@ -407,7 +414,7 @@ impl Executor for TpExecutor {
             return Err(self.fail(TpError::Lost { rank, at }));
         }
         let mut results = self.gather(&at, Some(self.timeout), |r| match r {
-            Reply::Ran(x) => Some(x),
+            Reply::Ran(Ok(x)) => Some(x),
             _ => None,
         })?;
         Ok(results.swap_remove(0))
@@ -416,16 +423,21 @@ impl Executor for TpExecutor {
 
 impl Drop for TpExecutor {
     fn drop(&mut self) {
+        // A failed group's threads may be stuck in their GPU, and tearing one down (its CUDA
+        // graphs, memory, communicator) would race the aborts and the process's exit: they are
+        // left waiting on a command channel that stays open, to the process's exit.
+        if self.failed {
+            for r in self.ranks.drain(..) {
+                std::mem::forget(r);
+            }
+            return;
+        }
         for r in &self.ranks {
             let _ = r.commands.send(Command::Stop);
         }
-        // A failed group's threads may be stuck in their GPU: they are left to the process's
-        // exit. A healthy one's finish their work and free their GPUs.
-        if !self.failed {
-            for r in &mut self.ranks {
-                if let Some(t) = r.thread.take() {
-                    let _ = t.join();
-                }
+        for r in &mut self.ranks {
+            if let Some(t) = r.thread.take() {
+                let _ = t.join();
             }
         }
     }
