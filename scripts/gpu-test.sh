@@ -91,10 +91,11 @@ run | run-tp)
             fi
         fi
         echo "NCCL: NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE, LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$results/times.txt"
-        # The fault tests first (short, and they show a failing group exits), then the f32
-        # oracle comparison, bf16, and the speed runs, one test at a time on both GPUs.
+        # The fault tests first (short, and they show a failing group exits), then --trace and
+        # --check-finite at --tp 2, the f32 oracle comparison, bf16, and the speed runs, one
+        # test at a time on both GPUs.
         nvidia-smi topo -m >>"$results/times.txt" 2>&1 || true
-        for group in a_rank_that oracle_fixture glm5_2layer bf16_tp2 decode_step_time; do
+        for group in a_rank_that traced_tp2 oracle_fixture glm5_2layer bf16_tp2 decode_step_time; do
             run_tests "tp-$group" tp_gpu 1 "$group" "$@" || status=1
             stop_strays
         done

@@ -5,7 +5,7 @@
 //! one call. With `--tp N` the N ranks' graphs run together, their collectives simulated between
 //! threads; `--trace` records every rank, its entries tagged with the rank, so `compare-trace`
 //! lines each rank up with a TP=1 trace. On GPUs `--tp N` runs each rank's artifact on its own
-//! GPU with NCCL (see `tp_run`). On the GPU, `run` compiles the model for the GPU
+//! GPU with NCCL (see `tp_run`), and traces the same way. On the GPU, `run` compiles the model for the GPU
 //! present (nvcc's output cached by content hash, so a second run does not call it), or runs an
 //! artifact directory of `glmc compile` as it is.
 
@@ -128,10 +128,7 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
     }
     let processes = match args.tp {
         1 => None,
-        _ => {
-            refuse_observing_tp(args)?;
-            Some(Processes::from_args(args, |v| std::env::var(v).ok())?)
-        }
+        _ => Some(Processes::from_args(args, |v| std::env::var(v).ok())?),
     };
     // An artifact of `glmc compile --tp N` holds each rank's in rankR/: this process runs its
     // own ranks'.
@@ -178,7 +175,16 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
         .zip(manifests)
         .map(|(d, manifest)| {
             let cubin = read_cubin(d, &manifest)?;
-            Ok(RankArtifact { manifest, cubin })
+            // A rank's IR, with its `tp=` marks, names its nodes in a trace.
+            let ir = match (&processes, observes(args)) {
+                (Some(_), true) => Some(artifact_ir(d)?),
+                _ => None,
+            };
+            Ok(RankArtifact {
+                manifest,
+                cubin,
+                ir,
+            })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let cubin = artifacts[0].cubin.clone();
@@ -265,16 +271,7 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
         }
     };
     if observes(args) {
-        let ir = dir.join("ir/module.txt");
-        let text = std::fs::read_to_string(&ir).with_context(|| {
-            format!(
-                "reading {}, which --trace and --check-finite name the GPU's nodes by: recompile the artifact",
-                ir.display()
-            )
-        })?;
-        let module = glmc_ir::parse_module(&text)
-            .map_err(|e| anyhow::anyhow!("{}: {e}: recompile the artifact", ir.display()))?;
-        exec.observe(&module)?;
+        exec.observe(&artifact_ir(dir)?)?;
     }
     let exec = exec
         .with_fault(Fault::from_env())
@@ -290,6 +287,20 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
         tokenizer.as_ref(),
         traced,
     )
+}
+
+/// The IR an artifact directory (or a rank's, `rankR/`) was lowered from, which `--trace` and
+/// `--check-finite` name the GPU's nodes by.
+fn artifact_ir(dir: &Path) -> anyhow::Result<glmc_ir::Module> {
+    let ir = dir.join("ir/module.txt");
+    let text = std::fs::read_to_string(&ir).with_context(|| {
+        format!(
+            "reading {}, which --trace and --check-finite name the GPU's nodes by: recompile the artifact",
+            ir.display()
+        )
+    })?;
+    glmc_ir::parse_module(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}: recompile the artifact", ir.display()))
 }
 
 /// The sampler the run's graph is built with: greedy, with no logits to return (so `lm_head`
@@ -566,15 +577,6 @@ fn random_generator(nvcc_flag: Option<&Path>, target: Target) -> anyhow::Result<
     Ok(Some(generator.cubin))
 }
 
-/// `--trace` and `--check-finite` read every node back from one executor; a GPU group's ranks
-/// run on threads of their own.
-fn refuse_observing_tp(args: &RunArgs) -> anyhow::Result<()> {
-    if observes(args) {
-        bail!("--trace and --check-finite are not available with --device cuda --tp N: trace the same rank graphs with --device cpu --tp N, or the model with --device cuda at --tp 1");
-    }
-    Ok(())
-}
-
 /// The target of the GPU present (GPU 0; a group's GPUs are alike).
 fn gpu_target() -> anyhow::Result<Target> {
     let (major, minor) = Gpu::open(0)?.compute_capability()?;
@@ -595,7 +597,6 @@ fn tp_group(
     limits: Limits,
     args: &RunArgs,
 ) -> anyhow::Result<TpExecutor> {
-    refuse_observing_tp(args)?;
     let processes = Processes::from_args(args, |v| std::env::var(v).ok())?;
     tp_run::check_host(args, &processes)?;
     let target = gpu_target()?;
@@ -615,6 +616,8 @@ fn tp_group(
         artifacts.push(RankArtifact {
             manifest: compiled.manifest,
             cubin: compiled.cubin,
+            // Each rank's executor shows its nodes by this module's names and `tp=` marks.
+            ir: observes(args).then(|| rank.clone()),
         });
     }
     let random = match weights {

@@ -216,8 +216,11 @@ fn an_artifact_compiled_without_tp_is_refused_at_tp_2_with_the_fix() {
     );
 }
 
+/// `--trace` and `--check-finite` run at `--device cuda --tp N` (the GPU tests show it): here,
+/// without a GPU, they are refused no more, and a bad timeout or process layout still is,
+/// before anything touches a GPU.
 #[test]
-fn gpu_tp_refuses_traces_and_bad_timeouts_before_touching_a_gpu() {
+fn gpu_tp_takes_traces_and_refuses_bad_timeouts_before_touching_a_gpu() {
     let model = repo("models/tiny-sparse.ron");
     let m = model.to_str().unwrap();
     let base = [
@@ -232,8 +235,21 @@ fn gpu_tp_refuses_traces_and_bad_timeouts_before_touching_a_gpu() {
         "--prompt-ids",
         "1,2",
     ];
-    let stderr = failure(&glmc(&[&base[..], &["--check-finite"]].concat()));
-    assert!(stderr.contains("--device cpu --tp N"), "{stderr}");
+    // Observing used to be refused first; now the run gets as far as placing its processes.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("ranks.trace");
+    for observing in [
+        &["--check-finite"][..],
+        &["--trace", trace.to_str().unwrap()][..],
+    ] {
+        let stderr = failure(&glmc(
+            &[&base[..], observing, &["--world-size", "2"]].concat(),
+        ));
+        assert!(
+            stderr.contains("MASTER_ADDR") && !stderr.contains("--check-finite"),
+            "{observing:?}: {stderr}"
+        );
+    }
     let stderr = failure(&glmc(&[&base[..], &["--collective-timeout", "0"]].concat()));
     assert!(stderr.contains("positive number of seconds"), "{stderr}");
     let stderr = failure(&glmc(&[&base[..], &["--world-size", "2"]].concat()));

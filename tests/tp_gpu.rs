@@ -376,6 +376,143 @@ fn a_rank_that_hangs_is_timed_out_naming_it() {
     report(&line);
 }
 
+/// `glmc compare-trace A B --rtol R`: its exit code and its stdout and stderr.
+fn compare_trace(a: &std::path::Path, b: &std::path::Path, rtol: &str) -> (Option<i32>, String) {
+    let out = common_oracle::glmc(&[
+        "compare-trace",
+        a.to_str().expect("a UTF-8 path"),
+        b.to_str().expect("a UTF-8 path"),
+        "--rtol",
+        rtol,
+    ]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!text.contains("panicked"), "{text}");
+    (out.status.code(), text)
+}
+
+/// `--trace` at `--device cuda --tp 2` (f32, the sparse fixture): every rank's nodes are
+/// recorded, tagged with their ranks and blocks, and line up with the CPU's TP=1 trace at 1e-4
+/// (as the single-GPU trace does), each rank's block against the same blocks of the TP=1 value;
+/// the GPU group's own trace lines up entry by entry with the CPU's `--tp 2` trace.
+#[test]
+#[ignore = "gpu"]
+fn traced_tp2_run_lines_up_with_the_cpu_trace() {
+    let dir = common_oracle::fixture_dir("sparse");
+    let o = Oracle::load(&dir);
+    let case = dir.to_str().expect("a UTF-8 path");
+    let p = ids_arg(&o.prompt);
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let path = |name: &str| tmp.path().join(name);
+    let (gpu, cpu, cpu2) = (
+        path("cuda-tp2.jsonl"),
+        path("cpu.jsonl"),
+        path("cpu-tp2.jsonl"),
+    );
+    let traced = |trace: &std::path::Path| {
+        [
+            "--prompt-ids".to_string(),
+            p.clone(),
+            "--max-new-tokens".to_string(),
+            "3".to_string(),
+            "--trace".to_string(),
+            trace.to_str().expect("a UTF-8 path").to_string(),
+        ]
+    };
+    let args = traced(&gpu);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let start = Instant::now();
+    done(run(case, 2, &args, &[]), "--tp 2 --trace");
+    let seconds = start.elapsed().as_secs_f64();
+    for (trace, tp) in [(&cpu, "1"), (&cpu2, "2")] {
+        let args = traced(trace);
+        let mut argv = vec!["run", case, "--device", "cpu", "--tp", tp];
+        argv.extend(args.iter().map(String::as_str));
+        let out = common_oracle::glmc(&argv);
+        assert!(
+            out.status.success(),
+            "the CPU trace at --tp {tp}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let entries = glmc_runtime::trace::read_trace(&gpu).expect("the GPU trace reads back");
+    let ranks: std::collections::HashSet<u64> = entries.iter().filter_map(|e| e.rank).collect();
+    assert_eq!(ranks, [0, 1].into(), "every rank is traced");
+    for rank in [0, 1] {
+        let attn = entries
+            .iter()
+            .find(|e| e.node == "model.layers.0.self_attn.attn" && e.rank == Some(rank))
+            .unwrap_or_else(|| panic!("rank {rank}'s attention is traced"));
+        assert_eq!(
+            attn.shard,
+            Some(glmc_ir::Shard::Split { axis: 1 }),
+            "rank {rank}"
+        );
+        assert!(attn.parts.is_some(), "rank {rank}'s block has digests");
+        assert!(
+            entries
+                .iter()
+                .any(|e| e.node == "model.layers.1.mlp" && e.rank == Some(rank)),
+            "rank {rank}'s all_reduce of layer 1 is traced"
+        );
+    }
+
+    let (code, one) = compare_trace(&cpu, &gpu, "1e-4");
+    assert_eq!(code, Some(0), "CPU TP=1 against CUDA TP=2: {one}");
+    assert!(
+        one.contains("against each of B's 2 ranks") && one.contains("no divergence beyond rtol"),
+        "{one}"
+    );
+    let (code, two) = compare_trace(&cpu2, &gpu, "1e-4");
+    assert_eq!(code, Some(0), "CPU TP=2 against CUDA TP=2: {two}");
+    report(&format!(
+        "## --trace at --tp 2 (sparse fixture, f32, 3 new tokens; {} entries, the traced run took {seconds:.1} s)\n\nCPU --tp 1 against CUDA --tp 2: {}\n\nCPU --tp 2 against CUDA --tp 2: {}\n",
+        entries.len(),
+        one.trim(),
+        two.trim()
+    ));
+}
+
+/// `--check-finite` at `--device cuda --tp 2`: a healthy run passes (the indexer's masked −inf
+/// scores are by design) with the tokens of the run without it; a NaN made on rank 1 in
+/// layer 0's up_proj stops the run with exit 2 naming that node and rank 1, not the
+/// `all_reduce` that spreads it to rank 0.
+#[test]
+#[ignore = "gpu"]
+fn traced_tp2_check_finite_passes_a_healthy_run_and_names_the_rank() {
+    let dir = common_oracle::fixture_dir("sparse");
+    let o = Oracle::load(&dir);
+    let case = dir.to_str().expect("a UTF-8 path");
+    let p = ids_arg(&o.prompt);
+    let args = ["--prompt-ids", p.as_str(), "--max-new-tokens", "3"];
+    let plain = done(run(case, 2, &args, &[]), "--tp 2");
+    let checked_args = [&args[..], &["--check-finite"]].concat();
+    let checked = done(run(case, 2, &checked_args, &[]), "--tp 2 --check-finite");
+    assert_eq!(checked.generated, plain.generated, "the same tokens");
+    let node = "model.layers.0.mlp.up_proj";
+    let fault = format!("{node}@1=nan");
+    let r = run(
+        case,
+        2,
+        &checked_args,
+        &[("GLMC_TEST_BREAK_NODE", fault.as_str())],
+    );
+    assert_eq!(r.code, Some(2), "{fault}: stderr:\n{}", r.stderr);
+    let named = format!("node \"{node}\" (matmul, in layer 0, on rank 1) produced");
+    assert!(
+        r.stderr.contains(&named) && r.stderr.contains("during prefill@0"),
+        "{fault}: stderr lacks {named:?}:\n{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    report(&format!(
+        "## --check-finite at --tp 2 (sparse fixture)\n\nhealthy: passes, tokens {:?}\n\n`GLMC_TEST_BREAK_NODE={fault}`: exit 2: {}\n",
+        checked.generated,
+        r.stderr.trim()
+    ));
+}
+
 /// Decode speed at TP=2 against TP=1 on `glm5-slice` (bf16, random weights): each degree runs
 /// the same 32-token prompt for 8 and for 72 new tokens, and the difference of the two wall
 /// times over the 64 extra decode steps is the step time (loading, compiling and the prefill

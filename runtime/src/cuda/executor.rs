@@ -536,11 +536,14 @@ impl CudaExecutor {
 
     /// Waits until `stream` has done its work. A rank polls instead of blocking, and while a
     /// collective of `marks` (each followed by its event) is incomplete it says which one in
-    /// its [`Progress`], for the group's driver to name if the call times out.
+    /// its [`Progress`], for the group's driver to name if the call times out: `counted` is
+    /// how many of the call's collectives came before the first of `marks`, and how many the
+    /// call has in all.
     fn wait(
         &self,
         stream: &Arc<CudaStream>,
         marks: &[(&'static str, String, CudaEvent)],
+        counted: (usize, usize),
         what: &str,
     ) -> Result<(), CudaError> {
         let Some(rank) = &self.rank else {
@@ -572,8 +575,8 @@ impl CudaExecutor {
                 let text = match marks.get(next) {
                     Some((op, node, _)) => format!(
                         "waits for {op} \"{node}\" (collective {} of {} of {what})",
-                        next + 1,
-                        marks.len()
+                        counted.0 + next + 1,
+                        counted.1
                     ),
                     None => format!("waits for {what} to finish on its GPU"),
                 };
@@ -603,7 +606,7 @@ impl CudaExecutor {
         self.gpu.synchronize()?;
         let graphs = self.graphs.as_ref().expect("made by decode_graph");
         graphs.launch(key)?;
-        self.wait(graphs.stream(), &[], "a decode step's CUDA graph")?;
+        self.wait(graphs.stream(), &[], (0, 0), "a decode step's CUDA graph")?;
         Ok(Some(bindings))
     }
 
@@ -702,7 +705,29 @@ impl CudaExecutor {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<&Tensor> = values.iter().collect();
-        hook(call, 0, node, &refs)
+        hook(call, rank, node, &refs)
+    }
+
+    /// In a call run step by step (observed, or with a fault): a rank waits for collective `c`,
+    /// just queued, to complete before anything reads its GPU's memory back, polling and
+    /// naming it (see [`CudaExecutor::wait`]), so that a read never blocks in a collective a
+    /// lost rank never joins.
+    fn wait_collective(
+        &self,
+        c: &Collective,
+        counted: (usize, usize),
+        what: &str,
+    ) -> Result<(), CudaError> {
+        if self.rank.is_none() {
+            return Ok(());
+        }
+        let event = self
+            .gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(driver("recording an event after a collective"))?;
+        let marks = [(c.op.name(), c.node.clone(), event)];
+        self.wait(&self.gpu.stream, &marks, counted, what)
     }
 
     /// Checks `inputs` against phase `kind` and uploads them into its input buffers: the
@@ -1072,10 +1097,20 @@ impl Executor for CudaExecutor {
                 .enumerate()
                 .map(|(i, s)| (step_node(s), i))
                 .collect();
+            let collectives = phase
+                .steps
+                .iter()
+                .filter(|s| matches!(s, Step::Collective(_)))
+                .count();
+            let mut passed = 0;
             for (i, step) in phase.steps.iter().enumerate() {
                 match step {
                     Step::Launch(l) => self.launch_one(l, &bindings)?,
-                    Step::Collective(c) => self.collective(c, &bindings)?,
+                    Step::Collective(c) => {
+                        self.collective(c, &bindings)?;
+                        self.wait_collective(c, (passed, collectives), kind.name())?;
+                        passed += 1;
+                    }
                     Step::View { .. } | Step::Missing { .. } => {}
                 }
                 if last[step_node(step)] == i {
@@ -1083,7 +1118,8 @@ impl Executor for CudaExecutor {
                 }
             }
         }
-        self.wait(&self.gpu.stream, &marks, kind.name())?;
+        let counted = (0, marks.len());
+        self.wait(&self.gpu.stream, &marks, counted, kind.name())?;
         let results = phase
             .results
             .iter()

@@ -11,6 +11,14 @@
 //! the process is aborted (which ends a collective stuck waiting for a rank that will never
 //! join it), and the group refuses further calls. The driver never waits on a rank without a
 //! deadline once the ranks compute together, so a lost rank cannot hang the run.
+//!
+//! A group given each rank's IR ([`RankArtifact::ir`]: `--trace`, `--check-finite`) shows
+//! every node of every rank to the run's hook, as the CPU's tensor-parallel interpreter does.
+//! Each rank's executor observes its own module (so every rank runs launch by launch, never a
+//! CUDA graph, and their collectives stay in step) and collects its nodes' outputs in its
+//! execution order; the driver calls the hook with them once every rank has finished the call
+//! (see [`replay_order`]). The hook runs on the driver's thread, outside the call's deadline,
+//! and its error ends the run after a complete call, leaving the group sound.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -18,6 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use glmc_codegen::artifact::Manifest;
+use glmc_ir::{Module, Node, Op};
 
 use super::executor::{CudaExecutor, Progress};
 use super::nccl::{Abort, Comm, NcclError, UniqueId};
@@ -123,10 +132,13 @@ pub enum GroupWeights {
     },
 }
 
-/// One rank's artifact: its manifest and cubin.
+/// One rank's artifact: its manifest and cubin, and the IR it was lowered from when the run
+/// observes nodes (`--trace`, `--check-finite`): the rank's module of
+/// `glmc_passes::partition`, whose node names and `tp=` marks the hook sees.
 pub struct RankArtifact<C> {
     pub manifest: Manifest<C>,
     pub cubin: Vec<u8>,
+    pub ir: Option<Module>,
 }
 
 /// How this process's ranks are placed in the group.
@@ -169,10 +181,25 @@ struct Shape {
     vocab: Option<usize>,
 }
 
+/// A node one rank ran, with its outputs as the rank's executor read them back.
+struct Observed {
+    /// The global rank.
+    rank: usize,
+    node: Node,
+    outputs: Vec<Tensor>,
+}
+
+/// What a rank returns of a call: its results, and the nodes it observed in its order (none
+/// unless the group observes nodes).
+struct Ran {
+    results: Vec<Tensor>,
+    observed: Vec<Observed>,
+}
+
 enum Reply {
     Loaded(Result<Shape, GenerateError>),
     Joined(Result<Abort, GenerateError>),
-    Ran(Result<Vec<Tensor>, GenerateError>),
+    Ran(Result<Ran, GenerateError>),
     /// The rank's thread panicked (its message is on stderr).
     Panicked,
 }
@@ -395,7 +422,7 @@ impl Executor for TpExecutor {
         phase: PhaseKind,
         inputs: &[Tensor],
         call: Call,
-        _hook: &mut NodeHook<'_>,
+        hook: &mut NodeHook<'_>,
     ) -> Result<Vec<Tensor>, GenerateError> {
         if self.failed {
             return Err(GenerateError::Tp(Box::new(TpError::Failed)));
@@ -413,12 +440,65 @@ impl Executor for TpExecutor {
         if let Some(rank) = unsent {
             return Err(self.fail(TpError::Lost { rank, at }));
         }
-        let mut results = self.gather(&at, Some(self.timeout), |r| match r {
+        let mut ran = self.gather(&at, Some(self.timeout), |r| match r {
             Reply::Ran(Ok(x)) => Some(x),
             _ => None,
         })?;
-        Ok(results.swap_remove(0))
+        // Every rank finished the call: the group is sound whatever the hook says.
+        let observed: Vec<Vec<Observed>> = ran
+            .iter_mut()
+            .map(|r| std::mem::take(&mut r.observed))
+            .collect();
+        replay(call, &observed, hook)?;
+        Ok(ran.swap_remove(0).results)
     }
+}
+
+/// Shows the ranks' observed nodes of one call to `hook` in [`replay_order`]; the hook's first
+/// error stops it and is returned.
+fn replay(
+    call: Call,
+    observed: &[Vec<Observed>],
+    hook: &mut NodeHook<'_>,
+) -> Result<(), GenerateError> {
+    let collective: Vec<Vec<bool>> = observed
+        .iter()
+        .map(|rank| rank.iter().map(|o| is_collective(&o.node)).collect())
+        .collect();
+    for (local, i) in replay_order(&collective) {
+        let o = &observed[local][i];
+        let outputs: Vec<&Tensor> = o.outputs.iter().collect();
+        hook(call, o.rank, &o.node, &outputs)?;
+    }
+    Ok(())
+}
+
+fn is_collective(node: &Node) -> bool {
+    matches!(node.op, Op::AllReduce { .. } | Op::AllGather { .. })
+}
+
+/// The order in which the driver shows the ranks' observed nodes to the hook, as (local rank,
+/// index in that rank's order) from each rank's nodes in its execution order (`true` for a
+/// collective). Each rank's nodes keep their order (the hook's contract), and the ranks are
+/// interleaved by the collectives they passed: everything any rank ran before its k-th
+/// collective comes before every rank's k-th collective and what follows it, the lower rank
+/// first within each such stretch. That is an order the ranks could have run in (a rank's
+/// node after a collective may depend on any rank's nodes before it, never on a node after),
+/// so the first node `--check-finite` names is one whose inputs were all finite: a NaN that a
+/// rank's `all_reduce` spreads is named at the rank that made it, not at the sum.
+fn replay_order(collective: &[Vec<bool>]) -> Vec<(usize, usize)> {
+    let mut order: Vec<(usize, usize, usize)> = Vec::new();
+    for (local, nodes) in collective.iter().enumerate() {
+        let mut passed = 0;
+        for (i, &is) in nodes.iter().enumerate() {
+            // A collective's output exists only once every rank has reached it.
+            passed += usize::from(is);
+            order.push((passed, local, i));
+        }
+    }
+    // Stable, and (passed, local, i) is unique: each rank's order is kept.
+    order.sort();
+    order.into_iter().map(|(_, local, i)| (local, i)).collect()
 }
 
 impl Drop for TpExecutor {
@@ -467,6 +547,7 @@ impl RankThread {
     }
 
     fn run<C>(self, artifact: RankArtifact<C>) {
+        let observing = artifact.ir.is_some();
         let exec = match self.load(&artifact) {
             Ok(exec) => exec,
             Err(e) => return self.reply(Reply::Loaded(Err(e))),
@@ -520,7 +601,20 @@ impl RankThread {
                 return self.reply(Reply::Ran(Err(e.into())));
             }
             self.say(format!("runs {at}"));
-            let result = exec.run(phase, &inputs, call, &mut |_, _, _, _| Ok(()));
+            // An observing executor shows each node to this hook, which keeps it for the
+            // driver; one that does not never calls it.
+            let mut observed = Vec::new();
+            let mut collect = |_: Call, rank: usize, node: &Node, outputs: &[&Tensor]| {
+                observed.push(Observed {
+                    rank,
+                    node: node.clone(),
+                    outputs: outputs.iter().map(|&t| t.clone()).collect(),
+                });
+                Ok(())
+            };
+            let result = exec.run(phase, &inputs, call, &mut collect);
+            debug_assert!(observing || observed.is_empty());
+            let result = result.map(|results| Ran { results, observed });
             let failed = result.is_err();
             self.reply(Reply::Ran(result));
             if failed {
@@ -536,7 +630,11 @@ impl RankThread {
             GroupWeights::Host(source) => (source.as_ref(), None),
             GroupWeights::Random { weights, cubin } => (weights, Some((weights, &cubin[..]))),
         };
-        let exec = CudaExecutor::load_rank(gpu, &artifact.manifest, &artifact.cubin, host, random)?;
+        let mut exec =
+            CudaExecutor::load_rank(gpu, &artifact.manifest, &artifact.cubin, host, random)?;
+        if let Some(ir) = &artifact.ir {
+            exec.observe(ir)?;
+        }
         Ok(exec
             .with_fault(self.options.fault.clone())
             .with_graphs(self.options.graphs))
@@ -578,6 +676,99 @@ mod tests {
         );
         assert_eq!(Kill::parse("1"), None);
         assert_eq!(Kill::parse("x@2"), None);
+    }
+
+    #[test]
+    fn observed_nodes_replay_rank_by_rank_between_collectives() {
+        // Two ranks: a, b, all_reduce, c, all_gather, d; rank 1 has one node more before
+        // its first collective.
+        let r0 = vec![false, false, true, false, true, false];
+        let r1 = vec![false, false, false, true, false, true, false];
+        let order = replay_order(&[r0.clone(), r1.clone()]);
+        assert_eq!(
+            order,
+            vec![
+                (0, 0),
+                (0, 1),
+                (1, 0),
+                (1, 1),
+                (1, 2),
+                (0, 2),
+                (0, 3),
+                (1, 3),
+                (1, 4),
+                (0, 4),
+                (0, 5),
+                (1, 5),
+                (1, 6),
+            ]
+        );
+        // Every node once, each rank in its own order.
+        for (local, nodes) in [r0, r1].iter().enumerate() {
+            let mine: Vec<usize> = order
+                .iter()
+                .filter(|(l, _)| *l == local)
+                .map(|&(_, i)| i)
+                .collect();
+            assert_eq!(mine, (0..nodes.len()).collect::<Vec<_>>());
+        }
+        // One rank: its own order; no nodes: nothing.
+        assert_eq!(
+            replay_order(&[vec![true, false, true]]),
+            vec![(0, 0), (0, 1), (0, 2)]
+        );
+        assert!(replay_order(&[vec![], vec![]]).is_empty());
+    }
+
+    /// The driver shows every rank's nodes to the hook with their ranks, in replay order, and
+    /// the hook's first error stops the replay and is what the call returns.
+    #[test]
+    fn the_hook_sees_each_rank_and_its_error_stops_the_replay() {
+        let observed = |rank: usize, name: &str, op: Op| Observed {
+            rank,
+            node: Node {
+                op,
+                name: name.to_string(),
+                outputs: Vec::new(),
+                shard: None,
+            },
+            outputs: vec![Tensor::f32(vec![1], vec![rank as f32]).unwrap()],
+        };
+        let sum = || Op::AllReduce {
+            op: glmc_ir::Reduce::Sum,
+            ranks: 2,
+        };
+        let ranks = |second: usize| {
+            vec![
+                vec![observed(0, "up", Op::Silu {}), observed(0, "mlp", sum())],
+                vec![
+                    observed(second, "up", Op::Silu {}),
+                    observed(second, "mlp", sum()),
+                ],
+            ]
+        };
+        let call = Call::Decode { position: 3 };
+        let mut seen = Vec::new();
+        let mut hook = |c: Call, rank: usize, node: &Node, outputs: &[&Tensor]| {
+            assert_eq!(c, call);
+            assert_eq!(outputs[0].as_f32().unwrap(), &[rank as f32]);
+            seen.push(format!("{}@{rank}", node.name));
+            Ok(())
+        };
+        replay(call, &ranks(1), &mut hook).unwrap();
+        assert_eq!(seen, ["up@0", "up@1", "mlp@0", "mlp@1"]);
+
+        let mut seen = Vec::new();
+        let mut failing = |_: Call, rank: usize, node: &Node, _: &[&Tensor]| {
+            seen.push(format!("{}@{rank}", node.name));
+            if rank == 1 {
+                return Err(GenerateError::Tp(Box::new(TpError::Failed)));
+            }
+            Ok(())
+        };
+        let err = replay(call, &ranks(1), &mut failing).unwrap_err();
+        assert!(matches!(err, GenerateError::Tp(_)), "{err}");
+        assert_eq!(seen, ["up@0", "up@1"]);
     }
 
     #[test]
