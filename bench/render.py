@@ -231,7 +231,41 @@ def targets_section(docs):
         "the GPU tests (tests/gpu/README.md); here glmc's GEMMs are timed inside the model, launch by",
         "launch, against torch.matmul under that protocol.",
         "",
-    ] + table(["target", "measured", ""], rows)
+    ] + table(["target", "measured", ""], rows) + gaps_section(docs)
+
+
+def op_gaps(point, top):
+    """The op kinds of a point whose measured time most exceeds their roofline time (nodes with
+    no roofline count whole), each with its share of the point's excess."""
+    per_op = {}
+    for k in point["kernels"]:
+        g = per_op.setdefault(k["op"], {"time_s": 0.0, "roofline_s": 0.0, "launches": 0})
+        g["time_s"] += k["time_s"]
+        g["roofline_s"] += k.get("roofline_s") or 0.0
+        g["launches"] += k["launches"]
+    excess = {op: g["time_s"] - g["roofline_s"] for op, g in per_op.items()}
+    total = sum(max(e, 0.0) for e in excess.values())
+    rows = []
+    over = [(op, e) for op, e in excess.items() if e > 0]
+    for op, e in sorted(over, key=lambda kv: -kv[1])[:top]:
+        g = per_op[op]
+        rows.append([op, g["launches"], num(g["time_s"] * 1e6), num(g["roofline_s"] * 1e6), num(e * 1e6), pct(e / total if total > 0 else None)])
+    return rows
+
+
+def gaps_section(docs, top=8):
+    """Where the batch-1 decode steps lose their time against the roofline, op by op."""
+    out = []
+    for a in ("sparse", "dense"):
+        for context in (1024, 8192):
+            p = glmc_point(docs, a, "decode", 1, context)
+            if p is None:
+                continue
+            out += ["", f"Decode, batch 1, context {context}, {a}: the op kinds that exceed their roofline most (each kernel timed between CUDA events of its own, so a small kernel's few µs are mostly its launch)", ""]
+            out += table(["op", "launches", "time us", "roofline us", "over us", "of all over"], op_gaps(p, top))
+    if out:
+        out = ["", "### Where batch 1 loses its time"] + out
+    return out
 
 
 def decode_section(docs):

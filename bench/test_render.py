@@ -60,6 +60,13 @@ class RenderTest(unittest.TestCase):
         )
         self.assertEqual(rows["decode GEMMs never slower than torch.matmul"][1], "missed |")
 
+    def test_the_gaps_put_the_op_most_over_its_roofline_first(self):
+        section = self.text.split("### Where batch 1 loses its time")[1].split("\n## ")[0]
+        rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| op")]
+        over = [float(r.split(" | ")[4].replace(",", "")) for r in rows[:2]]
+        self.assertGreaterEqual(over[0], over[1])
+        self.assertIn("context 1024, sparse", section)
+
     def test_points_a_run_lacks_are_dashes(self):
         row = next(l for l in self.text.splitlines() if l.startswith("| 1 | 8192 |"))
         self.assertEqual(row.count("—"), 9)
