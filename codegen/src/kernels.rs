@@ -582,28 +582,22 @@ fn embed(cx: &NodeCtx, shard: Option<u64>) -> Result<Lowering, String> {
         .div_ceil(32)
         .clamp(1, (ROW_THREADS / 32) as u64)
         * 32) as u32;
-    let template = if shard.is_some() {
-        "embed_shard"
-    } else {
-        "embed"
-    };
-    let k = Builder::new(template, threads)
+    let k = Builder::new("embed", threads)
+        .param("shard", shard.is_some())
         .param("cols", cols)
         .param("vec", vec)
         .param("vocab", vocab)
         .param("threads", threads)
         .dtype("y_t", y.dtype)?
         .dtype("table_t", table.dtype)?;
-    let mut args = vec![
+    let args = vec![
         cx.ptr("y", y),
         int("y_stride", y_rows.stride.clone()),
         cx.ptr("table", table),
         cx.ptr("ids", ids),
         int("rows", y_rows.rows.clone()),
+        int("start", Poly::constant(shard.unwrap_or(0) as i64)),
     ];
-    if let Some(start) = shard {
-        args.push(int("start", Poly::constant(start as i64)));
-    }
     Ok(k.launch(GridDim::one_block_each(y_rows.rows), args))
 }
 

@@ -22,7 +22,6 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ),
     ("dsa_topk", include_str!("../templates/dsa_topk.cu")),
     ("embed", include_str!("../templates/embed.cu")),
-    ("embed_shard", include_str!("../templates/embed_shard.cu")),
     ("gemm_argmax", include_str!("../templates/gemm_argmax.cu")),
     ("gemm_head.cuh", include_str!("../templates/gemm_head.cuh")),
     ("gemm_mma", include_str!("../templates/gemm_mma.cu")),
