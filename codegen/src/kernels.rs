@@ -12,6 +12,7 @@ use glmc_ir::{DType, Node, Op};
 use crate::expr::{Bindings, GridDim, Guard, Poly};
 use crate::layout::{Rows, TensorRef};
 use crate::schedule::{Arg, ArgValue};
+use crate::target::Target;
 
 mod prefill;
 
@@ -908,8 +909,11 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
 };
 
 /// Columns (over all heads) below which a weight takes [`SKINNY_GEMM_16_NARROW`]: 16-column
-/// tiles would give fewer than two blocks an SM on the larger of our targets (188 SMs).
-const NARROW_WEIGHT_COLUMNS: u64 = 2 * 188 * 16;
+/// tiles would give fewer than two blocks an SM on the target with the most SMs (188).
+fn narrow_weight_columns() -> u64 {
+    let sms = Target::ALL.iter().map(|t| t.sm_count()).max().unwrap_or(0);
+    2 * u64::from(sms) * 16
+}
 
 /// SIMT for a few rows, any dtype: 8 rows × 16 columns, one warp per column pair, K split over
 /// the lanes (`gemv.cu`).
@@ -965,7 +969,7 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
         .map(|d| d.as_const().map(|c| c as u64))
         .product::<Option<u64>>();
     let narrow_tile = match columns {
-        Some(c) if c < NARROW_WEIGHT_COLUMNS => &SKINNY_GEMM_16_NARROW,
+        Some(c) if c < narrow_weight_columns() => &SKINNY_GEMM_16_NARROW,
         _ => &SKINNY_GEMM_16,
     };
     let (mut narrow, _) = matmul(cx, heads, rope, Some(narrow_tile), None)?;

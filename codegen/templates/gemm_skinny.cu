@@ -4,7 +4,7 @@
     // computes {{ nt }} 8-column MMA tile(s) of {{ mt }} tile(s) of 16 rows of one head, and
     // its 8 warps split K in interleaved 32-wide chunks (split-K inside the block, so even N =
     // 2048 gives 128 blocks); their partial sums are added in a fixed order through shared memory
-    // (8 warps × 8 floats per row tile × 32 lanes), so a result never depends on timing. There is
+    // (8 warps × 4·NT floats per row tile × 32 lanes), so a result never depends on timing. There is
     // no staging in shared memory: the sum over k does not care which k feeds which fragment slot
     // as long as x and w agree, so lane (g, t4) loads k0 + 8 t4 .. + 7 of its row as one 16-byte
     // vector and feeds two MMAs with it, and one warp-wide load is 8 weight rows × 64 contiguous
@@ -74,8 +74,10 @@
 #pragma unroll
                 for (int mi = 0; mi < MT; ++mi) {
                     if (mi < mt) {
-                        const uint4 xa = xv[mi][0] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][0] + k0) : zero;
-                        const uint4 xb = xv[mi][1] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][1] + k0) : zero;
+                        // As for the weights, the address stays inside x where no load is wanted.
+                        const int kx = in_k ? k0 : 0;
+                        const uint4 xa = xv[mi][0] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][0] + kx) : zero;
+                        const uint4 xb = xv[mi][1] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][1] + kx) : zero;
                         // Slots (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
                         const unsigned lo[4] = {xa.x, xb.x, xa.y, xb.y}, hi[4] = {xa.z, xb.z, xa.w, xb.w};
 #pragma unroll

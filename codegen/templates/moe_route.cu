@@ -77,8 +77,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
 {%- else %}
     const double norm = 1.0;
 {%- endif %}
+    // A pick that found no expert (every choice NaN: the logits are broken) names expert 0 with
+    // a NaN weight, so the experts' kernels stay inside their tables and the NaN stays loud.
     for (int r = tid; r < TOP_K; r += T) {
-        weights[row * weights_row + r] = (float)(s[picked[r]] / norm * {{ scaling }});
-        experts[row * experts_row + r] = picked[r];
+        const int p = picked[r];
+        weights[row * weights_row + r] = p < E ? (float)(s[p] / norm * {{ scaling }}) : nan_f32();
+        experts[row * experts_row + r] = p < E ? p : 0;
     }
 }
