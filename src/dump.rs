@@ -32,6 +32,13 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
             args.tp
         );
     }
+    // Rank R's graph, with its collectives, when --tp asks for one.
+    let rank_module = || -> anyhow::Result<glmc_ir::Module> {
+        Ok(match args.tp {
+            1 => built.module.clone(),
+            tp => glmc_passes::partition(&built.module, tp)?.swap_remove(args.rank as usize),
+        })
+    };
     let mut out = String::new();
     if args.lowered {
         let target = args
@@ -39,11 +46,7 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
             .as_deref()
             .expect("clap requires --target with --lowered")
             .parse()?;
-        // Rank R's schedule, with its collectives, when --tp asks for one.
-        let module = match args.tp {
-            1 => built.module.clone(),
-            tp => glmc_passes::partition(&built.module, tp)?.swap_remove(args.rank as usize),
-        };
+        let module = rank_module()?;
         let lowered = crate::compile::lower_rank(&built, &module, target, &args.limits)?;
         for phase in &lowered.phases {
             if args.phase.is_none_or(|p| phase_name(p) == phase.function) {
@@ -69,11 +72,8 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<()> {
                 out.push_str(&render(args, module.clone())?);
             }
         }
-    } else if args.tp > 1 {
-        let mut ranks = glmc_passes::partition(&built.module, args.tp)?;
-        out = render(args, ranks.swap_remove(args.rank as usize))?;
     } else {
-        out = render(args, built.module)?;
+        out = render(args, rank_module()?)?;
     }
     // Not `print!`: it panics when the reader goes away (`glmc dump … | head`); a closed pipe
     // only means nobody wants the rest.

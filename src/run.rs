@@ -132,6 +132,9 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
     };
     // An artifact of `glmc compile --tp N` holds each rank's in rankR/: this process runs its
     // own ranks'.
+    let first_rank = processes
+        .as_ref()
+        .map_or(0, |p| p.placement(args.tp).first_rank);
     let rank_dirs: Vec<PathBuf> = match &processes {
         None => vec![dir.clone()],
         Some(p) => {
@@ -158,7 +161,8 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
     }
     let manifests = rank_dirs
         .iter()
-        .map(|d| read_manifest(d, args.tp))
+        .enumerate()
+        .map(|(i, d)| read_manifest(d, args.tp, (first_rank + i) as u64))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let manifest = manifests[0].clone();
     let weights = match (args.random_weights, &args.weights) {
@@ -257,13 +261,8 @@ fn run_artifact(args: &RunArgs) -> anyhow::Result<()> {
         Weights::Checkpoint(c) => CudaExecutor::load(&manifest, &cubin, c.as_ref())?,
         Weights::Random(r) => {
             let target: Target = manifest.target.parse()?;
-            match nvcc::find(args.nvcc.as_deref())? {
-                Some(compiler) => {
-                    let cache = nvcc::default_cache_dir();
-                    let generator =
-                        nvcc::compile(&compiler, random_fill::SOURCE, target, cache.as_deref())?;
-                    CudaExecutor::load_random(&manifest, &cubin, r, &generator.cubin)?
-                }
+            match random_generator(args.nvcc.as_deref(), target)? {
+                Some(generator) => CudaExecutor::load_random(&manifest, &cubin, r, &generator)?,
                 // Without a compiler for the generator kernel the same weights are made on
                 // the host: slower, identical.
                 None => CudaExecutor::load(&manifest, &cubin, r)?,
@@ -519,7 +518,7 @@ impl Weights {
 
 /// An artifact directory's manifest, checked to be of this glmc and, for `tp` above 1, a rank
 /// of a group of `tp`.
-fn read_manifest(dir: &Path, tp: u64) -> anyhow::Result<Manifest<ModelConfig>> {
+fn read_manifest(dir: &Path, tp: u64, rank: u64) -> anyhow::Result<Manifest<ModelConfig>> {
     let path = dir.join("manifest.ron");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -543,6 +542,14 @@ fn read_manifest(dir: &Path, tp: u64) -> anyhow::Result<Manifest<ModelConfig>> {
             manifest.tp.rank,
             manifest.tp.degree,
             manifest.tp.degree
+        );
+    }
+    // A copied or swapped rank directory would run another rank's shards without a word.
+    if manifest.tp.rank != rank {
+        bail!(
+            "{}: the artifact is rank {} of --tp {tp}, where rank {rank} belongs: recompile with glmc compile --tp {tp}",
+            path.display(),
+            manifest.tp.rank
         );
     }
     Ok(manifest)

@@ -179,7 +179,7 @@ fn first_topk_difference(a: &[TraceEntry], b: &[TraceEntry]) -> Option<(usize, S
     let key = |e: &TraceEntry| (e.call.clone(), e.node.clone(), e.output, e.position);
     let theirs: HashMap<_, &TraceEntry> = b.iter().map(|e| (key(e), e)).collect();
     a.iter()
-        .filter(|e| e.integer && ["dsa.topk", "moe.route"].contains(&e.op.as_str()))
+        .filter(|e| e.is_topk())
         .filter_map(|e| {
             let other = theirs.get(&key(e))?;
             let same = other.first == e.first && other.l2 == e.l2 && other.shape == e.shape;

@@ -189,7 +189,34 @@ fn compile_with_tp_writes_every_rank_artifact_complete() {
         "1,2",
     ]));
     assert!(
-        stderr.contains("compiled without --tp") || stderr.contains("recompile"),
+        stderr.contains("rank 0 of --tp 2") && stderr.contains("asks for --tp 4"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_rank_directory_holding_another_ranks_artifact_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = compile_tiny_sparse(tmp.path(), &["--tp", "2"]);
+    let (zero, one, swap) = (out.join("rank0"), out.join("rank1"), out.join("swap"));
+    std::fs::rename(&zero, &swap).unwrap();
+    std::fs::rename(&one, &zero).unwrap();
+    std::fs::rename(&swap, &one).unwrap();
+    let stderr = failure(&glmc(&[
+        "run",
+        out.to_str().unwrap(),
+        "--device",
+        "cuda",
+        "--tp",
+        "2",
+        "--random-weights",
+        "1",
+        "--prompt-ids",
+        "1,2",
+    ]));
+    assert!(
+        stderr
+            .contains("rank0/manifest.ron: the artifact is rank 1 of --tp 2, where rank 0 belongs"),
         "{stderr}"
     );
 }

@@ -191,6 +191,8 @@ pub struct CudaExecutor {
     slot: u64,
     /// Whether decode steps replay CUDA graphs (when no node is observed and no fault set).
     use_graphs: bool,
+    /// Whether a call reads its results back: a tensor-parallel group takes one rank's.
+    read_results: bool,
     // The allocations `memory` points into: they live as long as the executor.
     _arena: CudaSlice<u8>,
     _weights: Vec<CudaSlice<u8>>,
@@ -396,6 +398,7 @@ impl CudaExecutor {
             state_entries: manifest.states.clone(),
             slot: 0,
             use_graphs: true,
+            read_results: true,
             graphs: None,
             _arena: arena,
             _weights: held,
@@ -434,6 +437,13 @@ impl CudaExecutor {
     /// compute the same values (`--no-cuda-graphs` compares them).
     pub fn with_graphs(mut self, on: bool) -> CudaExecutor {
         self.use_graphs = on;
+        self
+    }
+
+    /// Whether calls read their results back (the default); without, a call still waits for
+    /// its GPU work and returns no tensors.
+    pub fn with_results(mut self, on: bool) -> CudaExecutor {
+        self.read_results = on;
         self
     }
 
@@ -1097,11 +1107,7 @@ impl Executor for CudaExecutor {
                 .enumerate()
                 .map(|(i, s)| (step_node(s), i))
                 .collect();
-            let collectives = phase
-                .steps
-                .iter()
-                .filter(|s| matches!(s, Step::Collective(_)))
-                .count();
+            let collectives = phase.collectives().count();
             let mut passed = 0;
             for (i, step) in phase.steps.iter().enumerate() {
                 match step {
@@ -1120,6 +1126,9 @@ impl Executor for CudaExecutor {
         }
         let counted = (0, marks.len());
         self.wait(&self.gpu.stream, &marks, counted, kind.name())?;
+        if !self.read_results {
+            return Ok(Vec::new());
+        }
         let results = phase
             .results
             .iter()

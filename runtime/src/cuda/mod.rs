@@ -41,6 +41,16 @@ fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> CudaError {
     move |source| CudaError::Driver { what, source }
 }
 
+/// cudarc panics at its first call when the driver library is missing: this says so first.
+fn require_driver() -> Result<(), CudaError> {
+    // SAFETY: only probes whether the driver library can be loaded.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(CudaError::NoDriver)
+    }
+}
+
 /// One GPU and the stream everything runs on, in order.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -49,10 +59,7 @@ pub struct Gpu {
 
 impl Gpu {
     pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
-        // SAFETY: only probes whether the driver library can be loaded.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(CudaError::NoDriver);
-        }
+        require_driver()?;
         let ctx = CudaContext::new(ordinal).map_err(driver(format!("opening GPU {ordinal}")))?;
         let stream = ctx.default_stream();
         Ok(Gpu { ctx, stream })
@@ -75,10 +82,7 @@ impl Gpu {
 
     /// How many GPUs the driver sees.
     pub fn count() -> Result<usize, CudaError> {
-        // SAFETY: only probes whether the driver library can be loaded.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(CudaError::NoDriver);
-        }
+        require_driver()?;
         let n = CudaContext::device_count().map_err(driver("counting the GPUs"))?;
         Ok(n.max(0) as usize)
     }

@@ -64,7 +64,7 @@ fn call(what: impl Into<String>) -> impl FnOnce(result::NcclError) -> NcclError 
 /// The 128 bytes (an `ncclUniqueId`) every rank of one group initialises its communicator
 /// with; rank 0 makes them and the others receive them (see [`crate::bootstrap`] across hosts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UniqueId(pub [u8; 128]);
+pub struct UniqueId(pub [u8; crate::bootstrap::ID_BYTES]);
 
 impl UniqueId {
     pub fn new() -> Result<UniqueId, NcclError> {

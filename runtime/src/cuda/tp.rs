@@ -29,7 +29,7 @@ use glmc_codegen::artifact::Manifest;
 use glmc_ir::{Module, Node, Op};
 
 use super::executor::{CudaExecutor, Progress};
-use super::nccl::{Abort, Comm, NcclError, UniqueId};
+use super::nccl::{Abort, Comm, UniqueId};
 use super::Gpu;
 use crate::generate::{Call, Executor, GenerateError, NodeHook, PhaseKind};
 use crate::interp::WeightSource;
@@ -65,8 +65,6 @@ pub enum TpError {
     Lost { rank: usize, at: String },
     #[error("the tensor-parallel group failed before and was aborted: it runs nothing more")]
     Failed,
-    #[error(transparent)]
-    Nccl(#[from] NcclError),
 }
 
 fn ranks_did_not_finish(ranks: &[usize]) -> String {
@@ -635,9 +633,12 @@ impl RankThread {
         if let Some(ir) = &artifact.ir {
             exec.observe(ir)?;
         }
+        // Every rank computes the same logits and tokens (they are gathered before sampling):
+        // the driver takes local rank 0's, and the others skip the read-back.
         Ok(exec
             .with_fault(self.options.fault.clone())
-            .with_graphs(self.options.graphs))
+            .with_graphs(self.options.graphs)
+            .with_results(self.local == 0))
     }
 }
 
