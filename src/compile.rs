@@ -162,82 +162,34 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("{}.glmc", module.name)));
     let explanation = explain(&built);
-    let source = render::render(&lowered.kernels)?;
-    let mut manifest = Manifest::new(
-        module,
-        built.config.dtype,
-        &lowered,
-        built.records.iter().map(|r| r.name.to_string()).collect(),
-        &built.config,
-    );
-    manifest.notes = built.notes.iter().map(ToString::to_string).collect();
-    let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
     let compiler = nvcc::find(args.nvcc.as_deref())?;
+    let mut files: Files = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
     for (r, rank) in ranks.iter().enumerate() {
         let lowered = lower_rank(&built, rank, target, &args.limits)?;
         let dir = PathBuf::from(format!("rank{r}"));
-        let (manifest, rank_files) = rank_artifact(&built, rank, &lowered, compiler.as_ref())?;
-        if !manifest.complete {
-            notes.push(format!(
-                "note: rank {r}'s artifact is incomplete and cannot run yet: no kernels for {}",
-                manifest.missing_ops.join(", ")
-            ));
-        }
+        let what = format!("rank {r}'s artifact");
+        let (rank_files, rank_notes) =
+            runnable_artifact(&built, rank, &lowered, compiler.as_ref(), &what)?;
         files.extend(rank_files.into_iter().map(|(p, b)| (dir.join(p), b)));
+        notes.extend(rank_notes);
     }
-    match compiler {
-        Some(compiler) => {
-            let cache = nvcc::default_cache_dir();
-            let compiled = nvcc::compile(&compiler, &source, target, cache.as_deref())?;
-            let usage = nvcc::parse_ptxas(&compiled.ptxas);
-            for k in usage
-                .iter()
-                .filter(|k| k.spill_store_bytes + k.spill_load_bytes > 0)
-            {
-                notes.push(format!(
-                    "warning: ptxas spills registers to local memory in {k}"
-                ));
-            }
-            manifest.ptxas = usage.iter().map(Into::into).collect();
-            let cubin = format!("kernels.{}.cubin", target.name());
-            manifest.cubin = Some(cubin.clone());
-            manifest.compiler = Some(compiler.version.clone());
-            files.push((cubin.into(), compiled.cubin));
-            files.push((
-                format!("ptxas.{}.txt", target.name()).into(),
-                compiled.ptxas.into_bytes(),
-            ));
-        }
-        None => notes.push(
+    let (whole, whole_notes) =
+        runnable_artifact(&built, module, &lowered, compiler.as_ref(), "the artifact")?;
+    files.extend(whole);
+    notes.extend(whole_notes);
+    if compiler.is_none() {
+        notes.push(
             "note: no CUDA compiler found (--nvcc PATH, $GLMC_NVCC or nvcc on PATH), so the artifact has kernels.cu but no cubin; scripts/cuda-toolchain.sh installs the pinned nvcc 13.0"
                 .to_string(),
-        ),
+        );
     }
-    if !manifest.complete {
-        notes.push(format!(
-            "note: the artifact is incomplete and cannot run yet: no kernels for {} (ir/*.lowered.txt says why for each node)",
-            manifest.missing_ops.join(", ")
-        ));
-    }
-    let manifest_text =
-        ron::ser::to_string_pretty(&manifest, ron::ser::PrettyConfig::new().depth_limit(5))
-            .context("serialising the manifest (a glmc bug)")?;
     let mut text_files: Vec<(PathBuf, String)> = vec![
-        ("manifest.ron".into(), manifest_text),
-        ("kernels.cu".into(), source),
         ("explain.txt".into(), explanation.clone()),
-        ("ir/module.txt".into(), print_module(module)),
         ("ir/summary.txt".into(), print_module_summary(module)),
     ];
     for f in &module.functions {
         text_files.push((format!("ir/{}.txt", f.name).into(), print_function(f)));
-    }
-    for p in &lowered.phases {
-        text_files.push((
-            format!("ir/{}.lowered.txt", p.function).into(),
-            p.print(&lowered.kernels),
-        ));
     }
     let report = if args.report {
         let mut text = crate::report::report(module, target, &lowered)?;
@@ -287,18 +239,20 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
 /// Files of an artifact directory: each path, relative to the directory, and its bytes.
 type Files = Vec<(PathBuf, Vec<u8>)>;
 
-/// The files of one tensor-parallel rank's artifact (`rank` lowered as `lowered`): its
-/// manifest, kernels, cubin (when `compiler` is given) and IR, the runnable part of an
-/// artifact; the report and explanation stay the whole model's.
-fn rank_artifact(
+/// The runnable part of an artifact for `module` lowered as `lowered` (the whole model's, or a
+/// tensor-parallel rank's): its manifest, kernels, cubin and ptxas report (when `compiler` is
+/// given) and IR, with the notes to print about it (`what` names it there); the report and
+/// explanation are the whole model's.
+fn runnable_artifact(
     built: &Built,
-    rank: &Module,
+    module: &Module,
     lowered: &Lowered,
     compiler: Option<&nvcc::Compiler>,
-) -> anyhow::Result<(Manifest<ModelConfig>, Files)> {
+    what: &str,
+) -> anyhow::Result<(Files, Vec<String>)> {
     let source = render::render(&lowered.kernels)?;
     let mut manifest = Manifest::new(
-        rank,
+        module,
         built.config.dtype,
         lowered,
         built.records.iter().map(|r| r.name.to_string()).collect(),
@@ -306,32 +260,50 @@ fn rank_artifact(
     );
     manifest.notes = built.notes.iter().map(ToString::to_string).collect();
     let mut files: Files = Vec::new();
+    let mut notes = Vec::new();
     if let Some(compiler) = compiler {
-        // Every rank's kernels are alike, so nvcc's cache serves all but the first.
+        // A tensor-parallel group's artifacts share most kernels: nvcc's cache serves them.
         let cache = nvcc::default_cache_dir();
         let compiled = nvcc::compile(compiler, &source, lowered.target, cache.as_deref())?;
-        manifest.ptxas = nvcc::parse_ptxas(&compiled.ptxas)
+        let usage = nvcc::parse_ptxas(&compiled.ptxas);
+        for k in usage
             .iter()
-            .map(Into::into)
-            .collect();
-        let cubin = format!("kernels.{}.cubin", lowered.target.name());
+            .filter(|k| k.spill_store_bytes + k.spill_load_bytes > 0)
+        {
+            notes.push(format!(
+                "warning: ptxas spills registers to local memory in {k} ({what})"
+            ));
+        }
+        manifest.ptxas = usage.iter().map(Into::into).collect();
+        let target = lowered.target.name();
+        let cubin = format!("kernels.{target}.cubin");
         manifest.cubin = Some(cubin.clone());
         manifest.compiler = Some(compiler.version.clone());
         files.push((cubin.into(), compiled.cubin));
+        files.push((
+            format!("ptxas.{target}.txt").into(),
+            compiled.ptxas.into_bytes(),
+        ));
+    }
+    if !manifest.complete {
+        notes.push(format!(
+            "note: {what} is incomplete and cannot run yet: no kernels for {} (ir/*.lowered.txt says why for each node)",
+            manifest.missing_ops.join(", ")
+        ));
     }
     let manifest_text =
         ron::ser::to_string_pretty(&manifest, ron::ser::PrettyConfig::new().depth_limit(5))
-            .context("serialising a rank's manifest (a glmc bug)")?;
+            .context("serialising the manifest (a glmc bug)")?;
     files.push(("manifest.ron".into(), manifest_text.into_bytes()));
     files.push(("kernels.cu".into(), source.into_bytes()));
-    files.push(("ir/module.txt".into(), print_module(rank).into_bytes()));
+    files.push(("ir/module.txt".into(), print_module(module).into_bytes()));
     for p in &lowered.phases {
         files.push((
             format!("ir/{}.lowered.txt", p.function).into(),
             p.print(&lowered.kernels).into_bytes(),
         ));
     }
-    Ok((manifest, files))
+    Ok((files, notes))
 }
 
 /// Writes every file into a fresh sibling directory, then swaps it into place, so a failure
