@@ -908,8 +908,9 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
     params: &[("depth", 6), ("min_blocks", 3), ("mt", 1), ("nt", 1)],
 };
 
-/// Columns (over all heads) below which a weight takes [`SKINNY_GEMM_16_NARROW`]: 16-column
-/// tiles would give fewer than two blocks an SM on the target with the most SMs (188).
+/// Columns (over all heads) below which a weight is narrow and takes [`SKINNY_GEMM_16_NARROW`]
+/// or [`SIMT_GEMV_SPLIT`]: 16-column tiles would give fewer than two blocks an SM on the target
+/// with the most SMs (188).
 fn narrow_weight_columns() -> u64 {
     let sms = Target::ALL.iter().map(|t| t.sm_count()).max().unwrap_or(0);
     2 * u64::from(sms) * 16
@@ -923,8 +924,31 @@ const SIMT_GEMV: GemmTile = GemmTile {
     cols: 16,
     shared: 0,
     dynamic: false,
-    params: &[],
+    params: &[("split", 1)],
 };
+
+/// The same for a narrow weight: the block's 8 warps split K for one column pair, so a weight of
+/// N columns gets N / 2 blocks instead of N / 16 (`gemv.cu`).
+const SIMT_GEMV_SPLIT: GemmTile = GemmTile {
+    template: "gemv",
+    rows: 8,
+    cols: 2,
+    shared: 0,
+    dynamic: false,
+    params: &[("split", 8)],
+};
+
+/// A weight's output columns over all its heads (every axis but K), where they are constant.
+fn weight_columns(w: &TensorRef) -> Option<u64> {
+    w.shape[..w.shape.len() - 1]
+        .iter()
+        .map(|d| d.as_const().map(|c| c as u64))
+        .product()
+}
+
+fn is_narrow(w: &TensorRef) -> bool {
+    weight_columns(w).is_some_and(|c| c < narrow_weight_columns())
+}
 
 /// Which GEMM computes `y = x · wᵀ`. The prefill's many rows (they carry the symbol `s`) take a
 /// tiled kernel, everything else (a decode's batch, the prefill's last rows) a skinny one; both
@@ -941,6 +965,7 @@ fn gemm_tile(x: &TensorRef, w: &TensorRef, xl: &Lead, x_head: &Poly, k: u64) -> 
         (true, true) => &TILED_GEMM,
         (true, false) => &SKINNY_GEMM,
         (false, true) => &SIMT_GEMM,
+        (false, false) if is_narrow(w) => &SIMT_GEMV_SPLIT,
         (false, false) => &SIMT_GEMV,
     }
 }
@@ -963,14 +988,10 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
         return Ok(Lowering::Launch(wide));
     }
     let wide_sources = cx.sources.take();
-    let w = &cx.operands[1];
-    let columns = w.shape[..w.shape.len() - 1]
-        .iter()
-        .map(|d| d.as_const().map(|c| c as u64))
-        .product::<Option<u64>>();
-    let narrow_tile = match columns {
-        Some(c) if c < narrow_weight_columns() => &SKINNY_GEMM_16_NARROW,
-        _ => &SKINNY_GEMM_16,
+    let narrow_tile = if is_narrow(&cx.operands[1]) {
+        &SKINNY_GEMM_16_NARROW
+    } else {
+        &SKINNY_GEMM_16
     };
     let (mut narrow, _) = matmul(cx, heads, rope, Some(narrow_tile), None)?;
     let narrow_sources = cx.sources.take();

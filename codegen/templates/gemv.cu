@@ -6,16 +6,19 @@
     // rope pair stays in one thread, for up to 8 rows; 8 warps a block make 16 columns, and more
     // rows take more blocks. Lanes split K in vectors of {{ vec }} elements, so a warp streams
     // each weight row once per 8 rows; the 16 sums are reduced across the warp at the end, and
-    // lane r stores row r.
-    constexpr int WARPS = {{ threads }} / 32, BN = 2 * WARPS, RB = 8, V = {{ vec }};
+    // lane r stores row r. With SPLIT > 1 (a narrow weight, whose few 16-column blocks would
+    // leave most SMs idle while each warp walks all of K: the f32 router's 256 × 6144 took 21 us
+    // for one row on an H200), SPLIT warps share a column pair, each taking every SPLIT-th
+    // 32-vector stretch of K, and their sums are added in warp order through shared memory.
+    constexpr int WARPS = {{ threads }} / 32, SPLIT = {{ split }}, BN = 2 * WARPS / SPLIT, RB = 8, V = {{ vec }};
     constexpr int N_TILES = (COLS + BN - 1) / BN;
 
     const Tile tile = tile_of(blockIdx.x, N_TILES, RB);
     const int nt = tile.nt, h = tile.h;
     const i64 m0 = tile.m0;
     if (m0 >= rows) return;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int l0 = nt * BN + warp * 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % SPLIT;
+    const int l0 = nt * BN + warp / SPLIT * 2;
     const int c0 = column(l0), c1 = column(l0 + 1);
 {%- if argmax %}
     // The best key of each of the block's rows over its BN columns. A warp past the last column
@@ -24,7 +27,8 @@
     if (threadIdx.x < RB) row_best[threadIdx.x] = 0ull;
     __syncthreads();
 {%- else %}
-    if (c0 < 0 && c1 < 0) return;
+    // A split pair's warps meet at a barrier below, so they run past the last column on zeros.
+    if (SPLIT == 1 && c0 < 0 && c1 < 0) return;
 {%- endif %}
     const {{ w_t }}* w0 = w + (i64)h * N * K + (c0 >= 0 ? (i64)c0 * K : 0);
     const {{ w_t }}* w1 = w + (i64)h * N * K + (c1 >= 0 ? (i64)c1 * K : 0);
@@ -38,7 +42,7 @@
 #pragma unroll
     for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = 0.f;
 #pragma unroll 2
-    for (int k = lane * V; k < K; k += 32 * V) {
+    for (int k = (part * 32 + lane) * V; k < K; k += 32 * V * SPLIT) {
         float a0[V], a1[V];
         if (c0 >= 0) {
             ld_vec<{{ w_t }}, V>(w0 + k, a0);
@@ -75,15 +79,31 @@
             v1 = s1;
         }
     }
+    if (SPLIT > 1) {
+        __shared__ float part_sums[WARPS][RB][2];
+        if (lane < RB) {
+            part_sums[warp][lane][0] = v0;
+            part_sums[warp][lane][1] = v1;
+        }
+        __syncthreads();
+        v0 = v1 = 0.f;
+        if (lane < RB)
+            for (int q = warp - part; q < warp - part + SPLIT; ++q) {
+                v0 += part_sums[q][lane][0];
+                v1 += part_sums[q][lane][1];
+            }
+    }
+    // The pair's first warp stores (every warp where SPLIT is 1).
+    const bool stores = part == 0 && (c0 >= 0 || c1 >= 0);
 {%- if argmax %}
-    if (lane < nr) {
+    if (stores && lane < nr) {
         const unsigned long long key = max(argmax_key(v0, c0), argmax_key(v1, c1));
         if (key != 0ull) atomicMax(&row_best[lane], key);
     }
     __syncthreads();
     if (threadIdx.x < nr && row_best[threadIdx.x] != 0ull) atomicMax(best + m0 + threadIdx.x, row_best[threadIdx.x]);
 {%- else %}
-    if (lane < nr)
+    if (stores && lane < nr)
         store2(y + (m0 + lane) * y_row + h * y_head, l0, v0, v1, positions, m0 + lane, rows_per_position);
 {%- endif %}
 }
