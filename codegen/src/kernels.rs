@@ -876,7 +876,7 @@ const SKINNY_GEMM: GemmTile = GemmTile {
     cols: 16,
     shared: 8 * 32 * 32 * 4,
     dynamic: false,
-    params: &[("depth", 2), ("mt", 4), ("nt", 2)],
+    params: &[("depth", 2), ("mt", 4), ("nt", 2), ("prefetch", 0)],
 };
 
 /// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
@@ -891,7 +891,13 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
     cols: 16,
     shared: 8 * 8 * 32 * 4,
     dynamic: false,
-    params: &[("depth", 3), ("min_blocks", 3), ("mt", 1), ("nt", 2)],
+    params: &[
+        ("depth", 3),
+        ("min_blocks", 3),
+        ("mt", 1),
+        ("nt", 2),
+        ("prefetch", 256),
+    ],
 };
 
 /// The 16-row one for a narrow weight: 8 columns a block, so twice the blocks, and six chunks
@@ -905,7 +911,13 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
     cols: 8,
     shared: 8 * 4 * 32 * 4,
     dynamic: false,
-    params: &[("depth", 6), ("min_blocks", 3), ("mt", 1), ("nt", 1)],
+    params: &[
+        ("depth", 6),
+        ("min_blocks", 3),
+        ("mt", 1),
+        ("nt", 1),
+        ("prefetch", 256),
+    ],
 };
 
 /// Columns (over all heads) below which a weight is narrow and takes [`SKINNY_GEMM_16_NARROW`]
@@ -1988,8 +2000,13 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
                 "{op}: K = {k} and the rows of x ({x}) must allow {vec}-element vectors"
             ));
         }
+        // Steps of a warp's loop unrolled, so their weight loads are in flight together: gate
+        // and up load two columns of two matrices a step, the down projection only one matrix,
+        // and at two steps it reached 38–43% of the copy roofline on an H200 where gate/up reached
+        // 77–91% (tests/gpu/README.md, "Codegen IV"): it takes four steps, the same bytes.
         let b = Builder::new("moe_gemm_skinny", 256)
             .param("rows", MOE_SKINNY_ROWS)
+            .param("unroll", if swiglu { 2 } else { 4 })
             .param("vec", vec);
         let tiles = n.div_ceil(MOE_SKINNY_COLS);
         (

@@ -110,12 +110,24 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 
 // 16 bytes read once: through the read-only path, not kept in L1 (a weight streamed by a GEMV).
 // Not `volatile`, so loads can be issued ahead of the MMAs (weights are never written while a
-// kernel runs).
+// kernel runs). PREFETCH (128 or 256) asks L2 to fetch that many bytes around the address from
+// DRAM: where a warp reads only 64 bytes of a row and its neighbours the next ones, DRAM then
+// serves whole bursts instead of 64-byte pieces arriving at different times.
+template <int PREFETCH = 0>
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    if constexpr (PREFETCH == 256)
+        asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    else if constexpr (PREFETCH == 128)
+        asm("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
     return v;
 }
 

@@ -11,12 +11,14 @@
     // bytes. Each warp keeps {{ depth }} chunks of weight loads in flight (a ring of registers
     // refilled as each chunk is multiplied): a weight byte is used once, so the kernel runs at
     // the rate loads are in flight. The one-tile variant (at most 16 rows) holds a quarter of the
-    // accumulators, so more blocks fit an SM and each warp can keep more loads in flight; one
-    // 8-column MMA tile a block gives a narrow weight twice the blocks. Only
+    // accumulators, so more blocks fit an SM, each warp can keep more loads in flight, and x's
+    // fragments are loaded a chunk ahead as well (64 rows of them would cost 32 registers and a
+    // block an SM); one 8-column MMA tile a block gives a narrow weight twice the blocks. Only
     // the row tiles that hold rows run; more rows take more blocks. Every block re-reads x (its
     // rows × K) from L1/L2.
     constexpr int WARPS = {{ threads }} / 32, NT = {{ nt }}, BN = 8 * NT, MT = {{ mt }}, BM = 16 * MT, CHUNK = 32;
-    constexpr int DEPTH = {{ depth }};
+    constexpr int DEPTH = {{ depth }}, PREFETCH = {{ prefetch }};
+    constexpr bool X_AHEAD = MT == 1;
     constexpr int N_TILES = (COLS + BN - 1) / BN;
     constexpr int CHUNKS = (K + CHUNK - 1) / CHUNK;
     __shared__ float partial[WARPS][MT * NT * 4][32];
@@ -58,33 +60,54 @@
 #pragma unroll
         // The address stays inside the weight also where the load is not wanted, so a load the
         // compiler issues ahead of the condition cannot fault.
-        for (int ni = 0; ni < NT; ++ni) wq[ni] = wv[ni] && in_k ? ld_stream16(wr[ni] + (in_k ? k0 : 0)) : zero;
+        for (int ni = 0; ni < NT; ++ni)
+            wq[ni] = wv[ni] && in_k ? ld_stream16<PREFETCH>(wr[ni] + (in_k ? k0 : 0)) : zero;
+    };
+    // Row tile mi of x's fragments of chunk ch (zero past K and for rows past the last): slots
+    // (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
+    auto load_x = [&](int ch, int mi, uint4 (&xq)[2]) {
+        const int k0 = ch * CHUNK;
+        const bool in_k = ch < CHUNKS && k0 + t4 * 8 < K;
+        // As for the weights, the address stays inside x where no load is wanted.
+        const int kx = in_k ? k0 : 0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            xq[half] = xv[mi][half] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][half] + kx) : zero;
+    };
+    auto mma_chunk = [&](int mi, const uint4 (&xq)[2], const uint4 (&wq)[NT]) {
+        const unsigned lo[4] = {xq[0].x, xq[1].x, xq[0].y, xq[1].y};
+        const unsigned hi[4] = {xq[0].z, xq[1].z, xq[0].w, xq[1].w};
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) {
+            mma_bf16(acc[mi][ni], lo, wq[ni].x, wq[ni].y);
+            mma_bf16(acc[mi][ni], hi, wq[ni].z, wq[ni].w);
+        }
     };
     // Slot d of the ring holds chunk ch + d·WARPS; each warp takes its chunks in ascending order.
     uint4 ring[DEPTH][NT];
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) fetch(warp + d * WARPS, ring[d]);
+    uint4 xq[2];
+    if constexpr (X_AHEAD) load_x(warp, 0, xq);
     for (int ch = warp; ch < CHUNKS; ch += DEPTH * WARPS) {
 #pragma unroll
         for (int d = 0; d < DEPTH; ++d) {
             const int c = ch + d * WARPS;
-            if (c < CHUNKS) {
-                const int k0 = c * CHUNK;
-                const bool in_k = k0 + t4 * 8 < K;
+            if constexpr (X_AHEAD) {
+                // x comes from L2 (every block reads it): loading the warp's next chunk of it
+                // before this chunk's MMAs keeps that latency off the path from one weight load
+                // to the next.
+                uint4 xn[2];
+                load_x(c + WARPS, 0, xn);
+                if (c < CHUNKS) mma_chunk(0, xq, ring[d]);
+                xq[0] = xn[0];
+                xq[1] = xn[1];
+            } else if (c < CHUNKS) {
 #pragma unroll
                 for (int mi = 0; mi < MT; ++mi) {
                     if (mi < mt) {
-                        // As for the weights, the address stays inside x where no load is wanted.
-                        const int kx = in_k ? k0 : 0;
-                        const uint4 xa = xv[mi][0] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][0] + kx) : zero;
-                        const uint4 xb = xv[mi][1] && in_k ? *reinterpret_cast<const uint4*>(xr[mi][1] + kx) : zero;
-                        // Slots (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
-                        const unsigned lo[4] = {xa.x, xb.x, xa.y, xb.y}, hi[4] = {xa.z, xb.z, xa.w, xb.w};
-#pragma unroll
-                        for (int ni = 0; ni < NT; ++ni) {
-                            mma_bf16(acc[mi][ni], lo, ring[d][ni].x, ring[d][ni].y);
-                            mma_bf16(acc[mi][ni], hi, ring[d][ni].z, ring[d][ni].w);
-                        }
+                        load_x(c, mi, xq);
+                        mma_chunk(mi, xq, ring[d]);
                     }
                 }
             }

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use glmc_codegen::artifact::{self, WeightEntry};
 use glmc_codegen::expr::{Bindings, Guard};
 use glmc_codegen::layout::{Buf, TensorRef};
-use glmc_codegen::schedule::{Phase, Step};
+use glmc_codegen::schedule::{Kernel, Phase, Step};
 use glmc_codegen::{lower_module, nvcc, render, Limits, Target};
 use glmc_ir::{DType, Function, Module, NodeIndex, Op, TensorType, Value};
 use glmc_models::builder::{BuildOptions, Sampler};
@@ -250,7 +250,34 @@ fn run_on_gpu(
     b: &Bindings,
     time_it: bool,
 ) -> Run {
-    let lowered = lower_module(module, dev.target, limits).unwrap();
+    run_on_gpu_with(dev, module, limits, ins, b, time_it, &|_| {})
+}
+
+/// The source of `module`'s kernels after `tweak` edited their template parameters (only
+/// parameters that leave every launch's grid and arguments as they are: a variant of one kernel).
+fn tweaked_source(
+    module: &Module,
+    target: Target,
+    limits: Limits,
+    tweak: &dyn Fn(&mut Kernel),
+) -> String {
+    let mut lowered = lower_module(module, target, limits).unwrap();
+    lowered.kernels.iter_mut().for_each(tweak);
+    render::render(&lowered.kernels).unwrap()
+}
+
+/// [`run_on_gpu`] with the kernels' template parameters edited by `tweak`.
+fn run_on_gpu_with(
+    dev: &Device,
+    module: &Module,
+    limits: Limits,
+    ins: &[Tensor],
+    b: &Bindings,
+    time_it: bool,
+    tweak: &dyn Fn(&mut Kernel),
+) -> Run {
+    let mut lowered = lower_module(module, dev.target, limits).unwrap();
+    lowered.kernels.iter_mut().for_each(tweak);
     let phase = lowered.phases[0].clone();
     let source = render::render(&lowered.kernels).unwrap();
     let compiled = nvcc::compile(
@@ -1405,6 +1432,205 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
     std::fs::write(out_dir().join("gemm.md"), &report).unwrap();
     std::fs::write(
         out_dir().join("gemm.json"),
+        format!("[\n{}\n]\n", shapes.join(",\n")),
+    )
+    .unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Variants of the 16-row skinny GEMM the sweep below times: (weight chunks in flight per warp,
+/// blocks an SM, L2 prefetch bytes), for 16-column tiles and for the narrow weights' 8-column ones.
+const SKINNY_VARIANTS: [&[(u64, u64, u64)]; 2] = [
+    &[
+        (2, 4, 0),
+        (3, 3, 0),
+        (4, 3, 0),
+        (4, 2, 0),
+        (6, 2, 0),
+        (2, 4, 256),
+        (3, 3, 256),
+        (4, 3, 256),
+        (4, 2, 256),
+        (6, 2, 256),
+    ],
+    &[
+        (4, 4, 0),
+        (6, 3, 0),
+        (8, 3, 0),
+        (8, 2, 0),
+        (12, 2, 0),
+        (4, 4, 256),
+        (6, 3, 256),
+        (8, 3, 256),
+        (8, 2, 256),
+        (12, 2, 256),
+    ],
+];
+
+/// The 16-row skinny GEMM (`gemm_skinny.cu` with one row tile) in each of [`SKINNY_VARIANTS`]
+/// on every GLM-5 decode projection at 1 and 8 rows: each variant checked against the
+/// interpreter and timed as issue 14 times a decode GEMM (weights from DRAM, back to back in a
+/// CUDA graph). Writes `skinny.md` (every variant, the one the lowering ships marked) and
+/// `skinny.json` (the shipped variant, for `scripts/torch_gemm.py`), so the lowering's choice
+/// is read off a measurement.
+#[test]
+#[ignore = "gpu"]
+fn glm5_skinny_gemm_variants_are_timed() {
+    let dev = Device::open();
+    let module = model("glm5.ron");
+    let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut rng = Rng(777);
+    let limits = Limits {
+        max_prefill_tokens: 64,
+        max_batch: 64,
+        max_context: 4096,
+    };
+    let f = module
+        .functions
+        .iter()
+        .find(|f| f.name == "decode")
+        .unwrap();
+    let lowered = lower_module(&module, dev.target, limits).unwrap();
+    let phase = lowered
+        .phases
+        .iter()
+        .find(|p| p.function == f.name)
+        .unwrap();
+    let is_narrow_skinny = |k: &Kernel| {
+        k.template == "gemm_skinny" && k.params.get("mt").map(String::as_str) == Some("1")
+    };
+    // One node per distinct 16-row kernel (later layers launch the same ones).
+    let mut seen = std::collections::HashSet::new();
+    let mut cases = Vec::new();
+    for l in phase.launches() {
+        let Some(k) = lowered.kernels.iter().find(|k| k.name == l.kernel) else {
+            continue;
+        };
+        if is_narrow_skinny(k) && seen.insert(k.name.clone()) {
+            let mini = cut(f, f.find(&l.node).unwrap());
+            let mut mm = Module::new("skinny");
+            mm.functions.push(mini.clone());
+            let shipped =
+                ["depth", "min_blocks", "prefetch"].map(|p| k.params[p].parse::<u64>().unwrap());
+            let variants = SKINNY_VARIANTS[usize::from(k.params["nt"] == "1")];
+            cases.push((l.node.clone(), mini, mm, shipped, variants));
+        }
+    }
+    let tweak = |(depth, blocks, prefetch): (u64, u64, u64)| {
+        move |k: &mut Kernel| {
+            if is_narrow_skinny(k) {
+                k.params.insert("depth".into(), depth.to_string());
+                k.params.insert("min_blocks".into(), blocks.to_string());
+                k.params.insert("prefetch".into(), prefetch.to_string());
+            }
+        }
+    };
+    // Every variant compiled first, on every core, into the cubin cache the runs then read.
+    let sources: Vec<String> = cases
+        .iter()
+        .flat_map(|(_, _, mm, _, variants)| {
+            variants
+                .iter()
+                .map(|v| tweaked_source(mm, dev.target, limits, &tweak(*v)))
+        })
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..std::thread::available_parallelism().map_or(4, |n| n.get()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(source) = sources.get(i) else { break };
+                nvcc::compile(
+                    &dev.compiler,
+                    source,
+                    dev.target,
+                    nvcc::default_cache_dir().as_deref(),
+                )
+                .unwrap();
+            });
+        }
+    });
+    let mut report = format!(
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; variant = depth/blocks an SM/L2 prefetch, * = shipped\n\
+         | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut shapes = Vec::new();
+    let mut failures = Vec::new();
+    for (node, mini, mm, shipped, variants) in &cases {
+        let n = f.find(node).unwrap();
+        let w = &f.node(f.operands(n)[1].node).outputs[0];
+        let dims: Vec<u64> = w.shape.iter().map(|d| d.as_const().unwrap()).collect();
+        let (heads, n_cols, k) = match dims.as_slice() {
+            [h, n, k] => (*h, *n, *k),
+            [n, k] => (1, *n, *k),
+            _ => unreachable!("a weight is a matrix or one per head"),
+        };
+        for rows in [1u64, 8] {
+            let b = Bindings::from([("b".into(), rows), ("t".into(), 4096)]);
+            let ins = inputs(mini, &b, &mut rng, 154_880, 4096);
+            let want = interpret(mm, mini, &ins).unwrap();
+            let mut best: Option<(f64, (u64, u64, u64))> = None;
+            for &v in variants.iter() {
+                let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &tweak(v));
+                let mut worst = Ok(0f64);
+                for ((_, at), r) in run.phase.results.iter().zip(&want) {
+                    let gpu = gather(&bytes_of(&run, at), at, &b);
+                    let reference: Vec<f64> =
+                        r.as_f32().unwrap().iter().map(|x| *x as f64).collect();
+                    worst = match (worst, compare(&gpu, &reference, at.dtype)) {
+                        (Ok(a), Ok(e)) => Ok(a.max(e)),
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                    };
+                }
+                let err = match &worst {
+                    Ok(e) => format!("{e:.1e}"),
+                    Err(e) => {
+                        failures.push(format!("{node} rows={rows} variant {v:?}: {e}"));
+                        "FAIL".to_string()
+                    }
+                };
+                let t = timed(&run, mini, &b, copy_gbs);
+                let mark = if v == (shipped[0], shipped[1], shipped[2]) {
+                    "*"
+                } else {
+                    ""
+                };
+                let line = format!(
+                    "| {rows} | {node} | {heads} × {n_cols} × {k} | {}/{}/{}{mark} | {err} | {} |",
+                    v.0,
+                    v.1,
+                    v.2,
+                    t.cells()
+                );
+                println!("{line}");
+                writeln!(report, "{line}").unwrap();
+                if best.is_none_or(|(secs, _)| t.secs < secs) {
+                    best = Some((t.secs, v));
+                }
+                if !mark.is_empty() {
+                    shapes.push(format!(
+                        "{{\"phase\": \"decode\", \"node\": \"{node}\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"bf16\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}}}",
+                        t.secs * 1e6,
+                        t.moved,
+                        t.flops
+                    ));
+                }
+            }
+            let (secs, v) = best.unwrap();
+            writeln!(
+                report,
+                "| {rows} | {node} | best | {}/{}/{} | | {:.1} | | | |",
+                v.0,
+                v.1,
+                v.2,
+                secs * 1e6
+            )
+            .unwrap();
+        }
+    }
+    std::fs::write(out_dir().join("skinny.md"), &report).unwrap();
+    std::fs::write(
+        out_dir().join("skinny.json"),
         format!("[\n{}\n]\n", shapes.join(",\n")),
     )
     .unwrap();
