@@ -876,15 +876,24 @@ const SKINNY_GEMM: GemmTile = GemmTile {
     cols: 16,
     shared: 8 * 32 * 32 * 4,
     dynamic: false,
-    params: &[("depth", 2), ("mt", 4), ("nt", 2), ("prefetch", 0)],
+    params: &[
+        ("depth", 2),
+        ("mt", 4),
+        ("nt", 2),
+        ("prefetch", 0),
+        ("warps_k", 8),
+    ],
 };
 
 /// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
 /// tile, so a quarter of the accumulators. ptxas gave the 64-row kernel 115 registers on sm_90a
 /// (two blocks an SM), and every GLM-5 decode projection but the lm_head reached only 50-66% of
 /// the copy roofline on an H200 (tests/gpu/results/2026-12-01l/gemm.md). This one holds three
-/// blocks an SM (at most 85 registers; 72-80 on sm_90a and sm_120 for GLM-5, no spills, where
-/// four blocks spilled) with three chunks in flight per warp: about twice the loads in flight.
+/// blocks an SM (at most 85 registers, no spills on sm_90a and sm_120) with three chunks in
+/// flight per warp, x a chunk ahead and 256-byte L2 prefetches. Measured on an H200 against
+/// every variant of depth, blocks an SM and prefetch (tests/gpu/results/2026-12-01q/skinny.md),
+/// it reads o_proj, the dense MLP and the lm_head at 86–103% of the copy bandwidth, within 2 µs
+/// of the best variant on each; prefetching won on every shape.
 const SKINNY_GEMM_16: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
@@ -897,18 +906,40 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
         ("mt", 1),
         ("nt", 2),
         ("prefetch", 256),
+        ("warps_k", 8),
     ],
 };
 
-/// The 16-row one for a narrow weight: 8 columns a block, so twice the blocks, and six chunks
-/// in flight per warp (the same bytes in flight as three of 16 columns). On an H200 the 16-column
-/// kernel reached only 39% of the copy roofline on GLM-5's fused q_a/kv_a projection (2784
-/// columns: 174 blocks for 132 SMs) and 49% on the shared expert's 2048 columns
-/// (bench/results, 2026-12-01).
+/// The 16-row one for a narrow weight: 8 columns a block, so twice the blocks. Four chunks in
+/// flight: in the same sweep the indexer's wq_b (4096 × 2048) took 7.2 µs against 9.6 with six
+/// chunks (at four blocks an SM against three), and the fused q_a projection and the shared
+/// expert were within 1 µs of their best variants. Four blocks an SM (64 registers) now spill
+/// on sm_90a, so three.
 const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
     cols: 8,
+    shared: 8 * 4 * 32 * 4,
+    dynamic: false,
+    params: &[
+        ("depth", 4),
+        ("min_blocks", 3),
+        ("mt", 1),
+        ("nt", 1),
+        ("prefetch", 256),
+        ("warps_k", 8),
+    ],
+};
+
+/// The 16-row one for a short K (at most 8 chunks of 32: GLM-5's per-head q_absorbed, K = 192):
+/// split 8 ways, most warps of a block had one chunk or none, and 2048 small blocks took 9.6–12.6
+/// µs for 12.6 MB (torch.matmul 6.1). Here each warp takes all of K for its own 8 columns, six
+/// chunks in flight (all of GLM-5's), and a block 64 columns; at four blocks an SM (64
+/// registers) it spills on sm_120.
+const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
+    template: "gemm_skinny",
+    rows: 16,
+    cols: 64,
     shared: 8 * 4 * 32 * 4,
     dynamic: false,
     params: &[
@@ -917,6 +948,25 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
         ("mt", 1),
         ("nt", 1),
         ("prefetch", 256),
+        ("warps_k", 1),
+    ],
+};
+
+/// The same for K up to 16 chunks (the per-head attn product, K = 512: 7.8–9.2 µs split 8 ways,
+/// torch.matmul 6.9): two warps a column tile, eight chunks each, four in flight.
+const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
+    template: "gemm_skinny",
+    rows: 16,
+    cols: 32,
+    shared: 8 * 4 * 32 * 4,
+    dynamic: false,
+    params: &[
+        ("depth", 4),
+        ("min_blocks", 4),
+        ("mt", 1),
+        ("nt", 1),
+        ("prefetch", 256),
+        ("warps_k", 2),
     ],
 };
 
@@ -1007,10 +1057,12 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
         return Ok(Lowering::Launch(wide));
     }
     let wide_sources = cx.sources.take();
-    let narrow_tile = if is_narrow(&cx.operands[1]) {
-        &SKINNY_GEMM_16_NARROW
-    } else {
-        &SKINNY_GEMM_16
+    let w = &cx.operands[1];
+    let narrow_tile = match const_dim(w, w.shape.len() - 1, "the weight")?.div_ceil(32) {
+        ..=8 => &SKINNY_GEMM_16_SHORT_K,
+        ..=16 => &SKINNY_GEMM_16_MID_K,
+        _ if is_narrow(w) => &SKINNY_GEMM_16_NARROW,
+        _ => &SKINNY_GEMM_16,
     };
     let (mut narrow, _) = matmul(cx, heads, rope, Some(narrow_tile), None)?;
     let narrow_sources = cx.sources.take();
@@ -2000,13 +2052,8 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
                 "{op}: K = {k} and the rows of x ({x}) must allow {vec}-element vectors"
             ));
         }
-        // Steps of a warp's loop unrolled, so their weight loads are in flight together: gate
-        // and up load two columns of two matrices a step, the down projection only one matrix,
-        // and at two steps it reached 38–43% of the copy roofline on an H200 where gate/up reached
-        // 77–91% (tests/gpu/README.md, "Codegen IV"): it takes four steps, the same bytes.
         let b = Builder::new("moe_gemm_skinny", 256)
             .param("rows", MOE_SKINNY_ROWS)
-            .param("unroll", if swiglu { 2 } else { 4 })
             .param("vec", vec);
         let tiles = n.div_ceil(MOE_SKINNY_COLS);
         (

@@ -1,9 +1,11 @@
 {%- set argmax = argmax | default(value=false) -%}
 {% include "gemm_head.cuh" %}
-    // Tensor-core GEMM for few rows (decode), where the weight's bytes set the time: each block
-    // computes {{ nt }} 8-column MMA tile(s) of {{ mt }} tile(s) of 16 rows of one head, and
-    // its 8 warps split K in interleaved 32-wide chunks (split-K inside the block, so even N =
-    // 2048 gives 128 blocks); their partial sums are added in a fixed order through shared memory
+    // Tensor-core GEMM for few rows (decode), where the weight's bytes set the time: each warp
+    // computes {{ nt }} 8-column MMA tile(s) of {{ mt }} tile(s) of 16 rows of one head, a block
+    // 8 / {{ warps_k }} such column tiles side by side, and the {{ warps_k }} warp(s)
+    // of a column tile split K in interleaved 32-wide chunks (split-K inside the block, so even N
+    // = 2048 gives 128 blocks; a short K is split less, so that each warp has chunks enough to keep
+    // its loads in flight); their partial sums are added in a fixed order through shared memory
     // (8 warps × 4·NT floats per row tile × 32 lanes), so a result never depends on timing. There is
     // no staging in shared memory: the sum over k does not care which k feeds which fragment slot
     // as long as x and w agree, so lane (g, t4) loads k0 + 8 t4 .. + 7 of its row as one 16-byte
@@ -17,9 +19,11 @@
     // the row tiles that hold rows run; more rows take more blocks. Every block re-reads x (its
     // rows × K) from L1/L2.
     constexpr int WARPS = {{ threads }} / 32, NT = {{ nt }}, BN = 8 * NT, MT = {{ mt }}, BM = 16 * MT, CHUNK = 32;
+    constexpr int WARPS_K = {{ warps_k }}, WARPS_N = WARPS / WARPS_K, BLOCK_N = BN * WARPS_N;
     constexpr int DEPTH = {{ depth }}, PREFETCH = {{ prefetch }};
     constexpr bool X_AHEAD = MT == 1;
-    constexpr int N_TILES = (COLS + BN - 1) / BN;
+    static_assert(WARPS % WARPS_K == 0, "the warps split into K groups of equal size");
+    constexpr int N_TILES = (COLS + BLOCK_N - 1) / BLOCK_N;
     constexpr int CHUNKS = (K + CHUNK - 1) / CHUNK;
     __shared__ float partial[WARPS][MT * NT * 4][32];
 
@@ -27,9 +31,11 @@
     const int nt = tile.nt, h = tile.h;
     const i64 m0 = tile.m0;
     if (m0 >= rows) return;
-    const int n0 = nt * BN;
     const int mt = (int)min((i64)MT, (rows - m0 + 15) / 16);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    // Warp (wk, wn) takes every WARPS_K-th chunk from chunk wk, of the block's column tile wn.
+    const int wk = warp % WARPS_K, wn = warp / WARPS_K;
+    const int n0 = nt * BLOCK_N + wn * BN;
 
     const bf16* xr[MT][2];
     bool xv[MT][2];
@@ -83,22 +89,22 @@
             mma_bf16(acc[mi][ni], hi, wq[ni].z, wq[ni].w);
         }
     };
-    // Slot d of the ring holds chunk ch + d·WARPS; each warp takes its chunks in ascending order.
+    // Slot d of the ring holds chunk ch + d·WARPS_K; each warp takes its chunks in ascending order.
     uint4 ring[DEPTH][NT];
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) fetch(warp + d * WARPS, ring[d]);
+    for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d]);
     uint4 xq[2];
-    if constexpr (X_AHEAD) load_x(warp, 0, xq);
-    for (int ch = warp; ch < CHUNKS; ch += DEPTH * WARPS) {
+    if constexpr (X_AHEAD) load_x(wk, 0, xq);
+    for (int ch = wk; ch < CHUNKS; ch += DEPTH * WARPS_K) {
 #pragma unroll
         for (int d = 0; d < DEPTH; ++d) {
-            const int c = ch + d * WARPS;
+            const int c = ch + d * WARPS_K;
             if constexpr (X_AHEAD) {
                 // x comes from L2 (every block reads it): loading the warp's next chunk of it
                 // before this chunk's MMAs keeps that latency off the path from one weight load
                 // to the next.
                 uint4 xn[2];
-                load_x(c + WARPS, 0, xn);
+                load_x(c + WARPS_K, 0, xn);
                 if (c < CHUNKS) mma_chunk(0, xq, ring[d]);
                 xq[0] = xn[0];
                 xq[1] = xn[1];
@@ -111,7 +117,7 @@
                     }
                 }
             }
-            fetch(c + DEPTH * WARPS, ring[d]);
+            fetch(c + DEPTH * WARPS_K, ring[d]);
         }
     }
 
@@ -122,22 +128,24 @@
 #pragma unroll
             for (int e = 0; e < 4; ++e) partial[warp][(mi * NT + ni) * 4 + e][lane] = acc[mi][ni][e];
 {%- if argmax %}
-    // The best key of each of the block's rows over its BN columns.
+    // The best key of each of the block's rows over its BLOCK_N columns.
     __shared__ unsigned long long row_best[BM];
     for (int i = tid; i < BM; i += {{ threads }}) row_best[i] = 0ull;
 {%- endif %}
     __syncthreads();
-    // One unit = one lane's pair of adjacent columns in one row of one tile, summed over warps.
-    for (int u = tid; u < MT * NT * 2 * 32; u += {{ threads }}) {
-        const int l = u & 31, slot = u >> 5, half = slot & 1, tile = slot >> 1;
-        const int mi = tile / NT, ni = tile % NT;
+    // One unit = one lane's pair of adjacent columns in one row of one tile of one column group,
+    // summed over that group's WARPS_K warps.
+    for (int u = tid; u < WARPS_N * MT * NT * 2 * 32; u += {{ threads }}) {
+        const int l = u & 31, slot = (u >> 5) % (MT * NT * 2), un = (u >> 5) / (MT * NT * 2);
+        const int half = slot & 1, tile = slot >> 1, mi = tile / NT, ni = tile % NT;
+        const int n0 = nt * BLOCK_N + un * BN;
         const i64 r = m0 + mi * 16 + (l >> 2) + half * 8;
         if (mi >= mt || r >= rows) continue;
         float v0 = 0.f, v1 = 0.f;
 #pragma unroll
-        for (int wp = 0; wp < WARPS; ++wp) {
-            v0 += partial[wp][tile * 4 + half * 2][l];
-            v1 += partial[wp][tile * 4 + half * 2 + 1][l];
+        for (int j = 0; j < WARPS_K; ++j) {
+            v0 += partial[un * WARPS_K + j][tile * 4 + half * 2][l];
+            v1 += partial[un * WARPS_K + j][tile * 4 + half * 2 + 1][l];
         }
 {%- if argmax %}
         const int c = n0 + ni * 8 + (l & 3) * 2;

@@ -56,9 +56,8 @@ extern "C" __global__ void __launch_bounds__(256) {{ name }}(
 {%- endif %}
     // A warp's two columns are streamed together: two independent loads per step (four for gate
     // and up) keep more bytes in flight than one column after the other did (moe.down, with one
-    // load a step, reached 38% of the copy roofline on an H200 at decode, gate/up 77%), and
-    // {{ unroll }} steps are unrolled so that their loads are in flight at once. Each column's sum
-    // is taken in the same order as before, lane by lane, then over the warp.
+    // load a step, reached 38% of the copy roofline on an H200 at decode, gate/up 77%). Each
+    // column's sum is taken in the same order as before, lane by lane, then over the warp.
     const int c0 = n0 + warp * 2;
     if (c0 >= N) return;
     const bool two = c0 + 1 < N;
@@ -69,40 +68,28 @@ extern "C" __global__ void __launch_bounds__(256) {{ name }}(
         for (int q = 0; q < MATS; ++q)
 #pragma unroll
             for (int i = 0; i < ROWS; ++i) acc[cc][q][i] = 0.f;
-    // The steps' loads are all issued before any of their FMAs: in one loop with a bound check
-    // a step, ptxas did not hoist the next step's loads above this step's branches.
-    constexpr int UNROLL = {{ unroll }};
-    for (int k0 = lane * V; k0 < K; k0 += UNROLL * 32 * V) {
-        float wv[UNROLL][2][MATS][V];
+#pragma unroll 2
+    for (int k0 = lane * V; k0 < K; k0 += 32 * V) {
+        float wv[2][MATS][V];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int kk = k0 + u * 32 * V;
-            if (kk >= K) break;
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                const i64 at = (i64)(two ? c0 + cc : c0) * K + kk;
-                ld_vec<{{ w_t }}, V>(we0 + at, wv[u][cc][0]);
+        for (int cc = 0; cc < 2; ++cc) {
+            const i64 at = (i64)(two ? c0 + cc : c0) * K + k0;
+            ld_vec<{{ w_t }}, V>(we0 + at, wv[cc][0]);
 {%- if swiglu %}
-                ld_vec<{{ w_t }}, V>(we1 + at, wv[u][cc][1]);
+            ld_vec<{{ w_t }}, V>(we1 + at, wv[cc][1]);
 {%- endif %}
-            }
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int kk = k0 + u * 32 * V;
-            if (kk >= K) break;
+        for (int i = 0; i < ROWS; ++i) {
+            if (i < m) {
+                float xv[V];
+                ld_vec<{{ x_t }}, V>(xs[i] + k0, xv);
 #pragma unroll
-            for (int i = 0; i < ROWS; ++i) {
-                if (i < m) {
-                    float xv[V];
-                    ld_vec<{{ x_t }}, V>(xs[i] + kk, xv);
+                for (int cc = 0; cc < 2; ++cc)
 #pragma unroll
-                    for (int cc = 0; cc < 2; ++cc)
+                    for (int q = 0; q < MATS; ++q)
 #pragma unroll
-                        for (int q = 0; q < MATS; ++q)
-#pragma unroll
-                            for (int v = 0; v < V; ++v) acc[cc][q][i] = fmaf(wv[u][cc][q][v], xv[v], acc[cc][q][i]);
-                }
+                        for (int v = 0; v < V; ++v) acc[cc][q][i] = fmaf(wv[cc][q][v], xv[v], acc[cc][q][i]);
             }
         }
     }
