@@ -216,19 +216,19 @@ impl LaunchMode {
         }
     }
 
-    /// The launch attributes the mode passes to `cuLaunchKernelEx`.
-    fn attributes(self) -> Vec<CUlaunchAttribute> {
+    /// The launch attribute the mode passes to `cuLaunchKernelEx`, if any.
+    fn attribute(self) -> Option<CUlaunchAttribute> {
         match self {
-            LaunchMode::Plain => Vec::new(),
+            LaunchMode::Plain => None,
             LaunchMode::Programmatic => {
                 // SAFETY: the value is a plain C union, for which all zero bytes are valid.
                 let mut value: CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
                 value.programmaticStreamSerializationAllowed = 1;
-                vec![CUlaunchAttribute {
+                Some(CUlaunchAttribute {
                     id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                     pad: [0; 4],
                     value,
-                }]
+                })
             }
         }
     }
@@ -360,7 +360,7 @@ pub fn launch(
             Value::F32(x) => x as *const f32 as *mut std::ffi::c_void,
         })
         .collect();
-    let mut attributes = mode.attributes();
+    let mut attribute = mode.attribute();
     let config = CUlaunchConfig {
         gridDimX: grid,
         gridDimY: 1,
@@ -370,8 +370,10 @@ pub fn launch(
         blockDimZ: 1,
         sharedMemBytes: launch.dynamic_shared_bytes,
         hStream: stream.cu_stream(),
-        attrs: attributes.as_mut_ptr(),
-        numAttrs: attributes.len() as u32,
+        attrs: attribute
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |a| a as *mut CUlaunchAttribute),
+        numAttrs: u32::from(attribute.is_some()),
     };
     let what = || format!("launching {} for \"{}\"", launch.kernel, launch.node);
     stream.context().bind_to_thread().map_err(driver(what()))?;
@@ -402,3 +404,35 @@ pub use executor::{
     CallTiming, CudaExecutor, DeviceBytes, LaunchTime, OutOfMemory, Progress, Timing,
 };
 pub mod random_fill;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use glmc_codegen::Target;
+
+    #[test]
+    fn an_artifacts_manifest_picks_programmatic_launches() {
+        assert_eq!(LaunchMode::of(false), LaunchMode::Plain);
+        assert!(LaunchMode::Plain.attribute().is_none());
+        let a = LaunchMode::of(true)
+            .attribute()
+            .expect("a programmatic launch passes an attribute");
+        assert_eq!(
+            a.id,
+            CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        );
+        // SAFETY: the field the attribute's id names.
+        assert_eq!(unsafe { a.value.programmaticStreamSerializationAllowed }, 1);
+    }
+
+    #[test]
+    fn every_targets_artifact_launches_programmatically() {
+        for t in Target::ALL {
+            assert_eq!(
+                LaunchMode::of(t.has_programmatic_launch()),
+                LaunchMode::Programmatic,
+                "{t}"
+            );
+        }
+    }
+}
