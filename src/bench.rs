@@ -27,7 +27,9 @@ use glmc_ir::{Function, Op};
 use glmc_models::builder::{BuildOptions, LogitRows};
 use glmc_models::ModelConfig;
 use glmc_passes::plan_memory::{decode_bindings, prefill_bindings, Bindings};
-use glmc_runtime::cuda::{ceiling, random_fill, CallTiming, CudaError, CudaExecutor, Gpu, Timing};
+use glmc_runtime::cuda::{
+    ceiling, random_fill, CallTiming, CudaError, CudaExecutor, Gpu, LaunchMode, Timing,
+};
 use glmc_runtime::{
     phase_inputs, prefill_inputs, Checkpoint, PhaseKind, RandomWeights, Sampling, Tensor,
 };
@@ -129,7 +131,7 @@ struct Ceilings {
 
 impl Ceilings {
     fn measure(gpu: &Gpu, mma_cubin: &[u8]) -> anyhow::Result<Ceilings> {
-        let mut kernels = gpu.load(mma_cubin)?;
+        let mut kernels = gpu.load(mma_cubin, LaunchMode::Plain)?;
         Ok(Ceilings {
             copy_gbs: ceiling::copy_gbs(gpu, COPY_BYTES)?,
             mma_tflops: ceiling::mma_tflops(gpu, &mut kernels)?,

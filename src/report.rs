@@ -196,6 +196,12 @@ fn schedule_summary(out: &mut String, lowered: &Lowered) -> std::fmt::Result {
             count(|s| matches!(s, Step::Missing { .. })),
         )?;
     }
+    let launches = if lowered.programmatic_launch {
+        "programmatic (PDL): a kernel may start while the one before it drains, and waits in griddepcontrol.wait before it touches memory"
+    } else {
+        "plain: a kernel starts once the one before it is done"
+    };
+    writeln!(out, "  launches: {launches}")?;
     Ok(())
 }
 

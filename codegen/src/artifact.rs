@@ -65,6 +65,11 @@ pub struct Manifest<C> {
     /// `sm_120a`, what the cubin is built for.
     pub arch: String,
     pub instructions: String,
+    /// Whether the runtime launches the schedule's kernels as programmatic dependents of the
+    /// kernel before them (PDL), which the kernels' `griddepcontrol.wait` makes safe. Absent
+    /// (false) in manifests written before it: those launch plainly.
+    #[serde(default)]
+    pub programmatic_launch: bool,
     /// The activation and dense-weight dtype the graph was built for: `bf16`, or `f32` for an
     /// f32 validation artifact (FP32 FMA only, no tensor cores). Each weight entry carries its
     /// own dtype, which is what the runtime uploads, so running the artifact uses this one.
@@ -143,6 +148,7 @@ impl<C: Serialize> Manifest<C> {
             target: lowered.target.name().to_string(),
             arch: lowered.target.nvcc_arch().to_string(),
             instructions: lowered.target.instructions().to_string(),
+            programmatic_launch: lowered.programmatic_launch,
             dtype,
             tp: module.tp,
             complete: missing.is_empty(),

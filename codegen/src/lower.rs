@@ -89,6 +89,10 @@ pub struct Lowered {
     pub phases: Vec<Phase>,
     /// Distinct specialisations, in order of first use.
     pub kernels: Vec<Kernel>,
+    /// Whether every launch is a programmatic dependent of the one before it
+    /// ([`Target::has_programmatic_launch`]); every kernel waits for its predecessor with
+    /// `griddepcontrol.wait` either way.
+    pub programmatic_launch: bool,
 }
 
 impl Lowered {
@@ -116,6 +120,7 @@ pub fn lower_module(
         limits,
         phases,
         kernels: kernels.kernels,
+        programmatic_launch: target.has_programmatic_launch(),
     })
 }
 

@@ -47,6 +47,23 @@ pub const TEMPLATES: &[(&str, &str)] = &[
 /// The helpers every kernel uses, at the top of `kernels.cu`.
 pub const COMMON: &str = include_str!("../templates/common.cuh");
 
+/// The first statement of every kernel (`common.cuh`): it waits for the kernel before it, so the
+/// runtime may launch kernels as programmatic dependents of their predecessors.
+pub const GRID_DEPENDENCY_CONTROL: &str = "grid_dependency_control();";
+
+/// Whether every `__global__` function in `source` opens its body with
+/// [`GRID_DEPENDENCY_CONTROL`], before any statement that could touch global memory. A kernel's
+/// body opens with a brace on a line of its own (a template's parameter list holds tera's braces).
+pub fn kernels_wait_first(source: &str) -> bool {
+    source.match_indices("__global__").all(|(at, _)| {
+        source[at..].find("\n{\n").is_some_and(|open| {
+            source[at + open + 3..]
+                .trim_start()
+                .starts_with(GRID_DEPENDENCY_CONTROL)
+        })
+    })
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("rendering kernel {kernel} from template `{template}`: {message}")]
 pub struct RenderError {
@@ -81,8 +98,54 @@ pub fn render(kernels: &[Kernel]) -> Result<String, RenderError> {
             template: k.template.clone(),
             message: format!("{e:?}"),
         })?;
+        // A kernel launched programmatically that reads or writes memory before its wait
+        // races the kernel before it, so none may reach the artifact.
+        if !kernels_wait_first(&text) {
+            return Err(RenderError {
+                kernel: k.name.clone(),
+                template: k.template.clone(),
+                message: format!(
+                    "the kernel's body does not begin with `{GRID_DEPENDENCY_CONTROL}`"
+                ),
+            });
+        }
         out.push('\n');
         out.push_str(&text);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_template_kernel_waits_for_the_kernel_before_it_first() {
+        for (name, text) in TEMPLATES {
+            assert!(kernels_wait_first(text), "template {name}");
+        }
+    }
+
+    #[test]
+    fn a_kernel_touching_memory_before_its_wait_is_found() {
+        let late = "extern \"C\" __global__ void k(float* y)\n{\n    y[0] = 1.f;\n    grid_dependency_control();\n}\n";
+        assert!(!kernels_wait_first(late));
+        let first = late.replace(
+            "    y[0] = 1.f;\n    grid_dependency_control();",
+            "    grid_dependency_control();\n    y[0] = 1.f;",
+        );
+        assert!(kernels_wait_first(&first));
+    }
+
+    #[test]
+    fn the_helper_waits_before_it_lets_the_next_kernel_launch() {
+        let body = &COMMON[COMMON
+            .find("void grid_dependency_control()")
+            .expect("the helper")..];
+        let wait = body.find("griddepcontrol.wait;").expect("a wait");
+        let launch = body
+            .find("griddepcontrol.launch_dependents;")
+            .expect("a launch_dependents");
+        assert!(wait < launch);
+    }
 }

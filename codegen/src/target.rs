@@ -76,6 +76,16 @@ impl Target {
         self == Target::Sm120a
     }
 
+    /// Whether kernels launch as programmatic dependents of the one before them (PDL: the launch
+    /// attribute `PROGRAMMATIC_STREAM_SERIALIZATION` and `griddepcontrol` in every kernel), so a
+    /// kernel's blocks are resident and waiting while its predecessor drains instead of the SMs
+    /// idling between the two. `griddepcontrol` needs sm_90 or later, which every target is.
+    pub fn has_programmatic_launch(self) -> bool {
+        match self {
+            Target::Sm90 | Target::Sm90a | Target::Sm120 | Target::Sm120a => true,
+        }
+    }
+
     /// The target to build for a GPU of compute capability `major.minor`: the `a` variant on the
     /// GPU it was made for, plain sm_120 on the other 12.x parts (sm_121, GB10), where `a` code
     /// does not run; `None` for a GPU glmc has no target for.
@@ -186,6 +196,13 @@ mod tests {
             err.contains("sm100") && err.contains("sm90, sm90a, sm120 and sm120a"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn every_target_launches_its_kernels_programmatically() {
+        for t in Target::ALL {
+            assert!(t.has_programmatic_launch(), "{t}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
     const i64* __restrict__ positions, i64 rows{%- if slotted %},
     const i64* __restrict__ cache_slot{%- endif %})
 {
+    grid_dependency_control();
     constexpr i64 CHUNKS = {{ cols }} / {{ vec }};
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * CHUNKS) return;

@@ -9,6 +9,19 @@
 typedef __nv_bfloat16 bf16;
 typedef long long i64;
 
+// Programmatic dependent launch (PTX `griddepcontrol`, sm_90 and later). The runtime may launch
+// a kernel while the one before it in the stream is still running (`glmc compile --report` says
+// whether it does), so every kernel calls this first, before it touches global memory: `wait`
+// returns once the previous kernel has completed and its writes are visible, which covers both
+// reading what it wrote and overwriting what it still reads; for a kernel launched plainly it
+// returns at once. `launch_dependents` then lets the next kernel be scheduled onto free SMs;
+// that is safe this early because the next kernel's own `wait` still waits for all of this one.
+// The "memory" clobbers keep the compiler from moving loads or stores above the wait.
+__device__ __forceinline__ void grid_dependency_control() {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void st(float* p, float v) { *p = v; }

@@ -6,6 +6,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
     i64 n0, i64 n1, i64 n2, i64 n3{%- if slotted %},
     const i64* __restrict__ cache_slot, i64 x_slot{%- endif %})
 {
+    grid_dependency_control();
 {%- if slotted %}
     // A prefill's caches are those of slot cache_slot[0]: the source starts that many slots in
     // (0 apart for one held in the arena).

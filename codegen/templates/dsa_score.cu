@@ -12,6 +12,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     const i64* __restrict__ positions, i64 rows, i64 keys{%- if slotted %},
     const i64* __restrict__ cache_slot, i64 k_slot{%- endif %})
 {
+    grid_dependency_control();
 {%- if slotted %}
     // A prefill's caches are those of slot cache_slot[0]: the cache starts that many slots in
     // (0 apart for one held in the arena).

@@ -116,6 +116,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
     const float* __restrict__ scores, i64 scores_row,
     const i64* __restrict__ positions, i64 rows)
 {
+    grid_dependency_control();
     constexpr int K = {{ k }}, CAP = {{ cap }}, CHUNK = 8;
     unsigned* const hist = reinterpret_cast<unsigned*>(dynamic_smem);
     unsigned* const cand = hist + 4096;

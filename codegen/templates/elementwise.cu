@@ -9,6 +9,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
 {%- endif %}
     i64 rows, float factor)
 {
+    grid_dependency_control();
     constexpr i64 CHUNKS = {{ cols }} / {{ vec }};
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * CHUNKS) return;

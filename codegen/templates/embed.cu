@@ -10,6 +10,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
     const {{ table_t }}* __restrict__ table,
     const i64* __restrict__ ids, i64 rows, i64 start)
 {
+    grid_dependency_control();
     constexpr int D = {{ cols }}, V = {{ vec }};
     constexpr bool SHARD = {{ shard }};
     const i64 row = blockIdx.x;

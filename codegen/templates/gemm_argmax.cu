@@ -19,12 +19,14 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
 {%- if stage == "init" %}
     unsigned long long* __restrict__ best, i64 rows)
 {
+    grid_dependency_control();
     const i64 r = (i64)blockIdx.x * {{ threads }} + threadIdx.x;
     if (r < rows) best[r] = 0ull;
 }
 {%- else %}
     i64* __restrict__ out, const unsigned long long* __restrict__ best, i64 rows)
 {
+    grid_dependency_control();
     const i64 r = (i64)blockIdx.x * {{ threads }} + threadIdx.x;
     if (r < rows) {
         const unsigned long long key = best[r];

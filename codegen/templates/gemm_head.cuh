@@ -109,6 +109,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks | defa
 {%- endif %}
     i64 rows)
 {
+    grid_dependency_control();
     using namespace {{ name }}_;
 {%- if not rope and not argmax %}
     const i64* positions = nullptr;  // read only under rope

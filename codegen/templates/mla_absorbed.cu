@@ -49,6 +49,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     i64 rows, i64 splits, float scale_log2{%- if slotted %},
     const i64* __restrict__ cache_slot, i64 k1_slot, i64 k2_slot{%- endif %})
 {
+    grid_dependency_control();
 {%- if slotted %}
     // A prefill's caches are those of slot cache_slot[0]: each cache starts that many slots in
     // (0 apart for one held in the arena).

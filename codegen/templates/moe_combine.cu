@@ -12,6 +12,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
 {%- endif %}
     i64 tokens)
 {
+    grid_dependency_control();
     constexpr int D = {{ dim }}, K = {{ top_k }}, V = {{ vec }};
     __shared__ i64 pos[K];
     __shared__ float w[K];

@@ -13,6 +13,7 @@ extern "C" __global__ void __launch_bounds__(1024) {{ name }}(
     const {{ up_t }}* __restrict__ up,
     const {{ down_t }}* __restrict__ down, i64 rows)
 {
+    grid_dependency_control();
     constexpr int D = {{ dim }}, I = {{ inter }}, TOP_K = {{ top_k }}, E = {{ experts }};
     constexpr int WARPS = 32;
     float* const hs = reinterpret_cast<float*>(dynamic_smem);  // [I]

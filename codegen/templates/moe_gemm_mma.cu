@@ -27,6 +27,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
 {%- endif %}
     i64 tokens)
 {
+    grid_dependency_control();
     constexpr int K = {{ k }}, N = {{ n }}, E = {{ experts }}, TOP_K = {{ top_k }};
     constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8, STAGES = 4;
 {%- if swiglu %}

@@ -23,6 +23,7 @@ extern "C" __global__ void __launch_bounds__(256) {{ name }}(
 {%- endif %}
     i64 tokens)
 {
+    grid_dependency_control();
     constexpr int K = {{ k }}, N = {{ n }}, E = {{ experts }}, TOP_K = {{ top_k }};
     constexpr int ROWS = {{ rows }}, V = {{ vec }}, COLS = 16, TILES = (N + COLS - 1) / COLS;
     __shared__ const {{ x_t }}* xs[ROWS];

@@ -18,6 +18,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
     const {{ logits_t }}* __restrict__ logits, i64 logits_row,
     const {{ bias_t }}* __restrict__ bias, i64 rows)
 {
+    grid_dependency_control();
     constexpr int E = {{ experts }}, GROUPS = {{ groups }}, KEEP = {{ keep }}, TOP_K = {{ top_k }};
     constexpr int GROUP = E / GROUPS, T = {{ threads }}, WARPS = T / 32;
     __shared__ double s[E], choice[E];

@@ -10,6 +10,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
     i64* __restrict__ offsets, i64* __restrict__ order, i64* __restrict__ position,
     const i64* __restrict__ ids, i64 ids_row, i64 rows)
 {
+    grid_dependency_control();
     constexpr int E = {{ experts }}, K = {{ top_k }};
     __shared__ int counts[32][E];
     __shared__ int total[E + 1];

@@ -19,6 +19,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
 {%- endif %}
     i64 rows, float eps)
 {
+    grid_dependency_control();
     constexpr int D = {{ cols }}, V = {{ vec }}, ITEMS = {{ items }}, T = {{ threads }};
     __shared__ float scratch[32];
     const i64 row = blockIdx.x;

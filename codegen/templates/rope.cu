@@ -9,6 +9,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}(
     const {{ x_t }}* __restrict__ x, i64 x_stride,
     const i64* __restrict__ positions, i64 rows, i64 heads)
 {
+    grid_dependency_control();
     constexpr int HALF = {{ half }};
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * HALF) return;

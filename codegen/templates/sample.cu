@@ -174,6 +174,7 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
 {%- endif %}
     i64 rows)
 {
+    grid_dependency_control();
     __shared__ float scratch[32];
     __shared__ i64 scratch_i[{{ threads }}];
     const i64 r = blockIdx.x;

@@ -568,3 +568,50 @@ fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
         }
     }
 }
+
+/// Every kernel the shipped models generate, in every dtype, with dense attention, a greedy
+/// head or the `moe.experts` baseline too, waits for the kernel before it first: the runtime launches them as
+/// programmatic dependents. Together the models reach every template, so a template added
+/// without the wait fails here even before it is first used.
+#[test]
+fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
+    use glmc_codegen::render::{self, GRID_DEPENDENCY_CONTROL, TEMPLATES};
+    use glmc_ir::DType;
+    let mut modules: Vec<(String, glmc_ir::Module)> = Vec::new();
+    for file in MODELS {
+        for dtype in [DType::F32, DType::BF16] {
+            modules.push((
+                format!("{file} {dtype}"),
+                common::module_with(file, |c| c.dtype = dtype).1,
+            ));
+            modules.push((
+                format!("{file} {dtype} greedy"),
+                common::greedy_module(file, |c| c.dtype = dtype),
+            ));
+        }
+    }
+    modules.push(("glm5.ron dense".into(), common::dense_module("glm5.ron")));
+    modules.push((
+        "tiny-sparse.ron without lower-moe".into(),
+        common::module_without("tiny-sparse.ron", &["lower-moe"]),
+    ));
+    let mut reached = std::collections::BTreeSet::new();
+    for (name, m) in &modules {
+        let l = lower_module(m, Target::Sm120, LIMITS).unwrap();
+        assert!(l.programmatic_launch, "{name}");
+        let source = render::render(&l.kernels).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(render::kernels_wait_first(&source), "{name}");
+        assert_eq!(
+            source.matches("__global__").count(),
+            source.matches(GRID_DEPENDENCY_CONTROL).count(),
+            "{name}"
+        );
+        reached.extend(l.kernels.iter().map(|k| k.template.clone()));
+    }
+    let unreached: Vec<&str> = TEMPLATES
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|t| !t.ends_with(".cuh") && !reached.contains(*t))
+        .collect();
+    assert_eq!(unreached, Vec::<&str>::new());
+}

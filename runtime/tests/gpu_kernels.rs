@@ -30,7 +30,7 @@ use glmc_models::builder::{BuildOptions, Sampler};
 use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, PipelineOptions};
 use glmc_runtime::cuda::graphs::Graphs;
-use glmc_runtime::cuda::{launch, random_fill, Gpu, Memory};
+use glmc_runtime::cuda::{launch, random_fill, Gpu, LaunchMode, Memory};
 use glmc_runtime::{run_function, sampling, RandomWeights, Tensor};
 use half::bf16;
 
@@ -288,7 +288,9 @@ fn run_on_gpu_with(
     )
     .unwrap();
     let gpu = &dev.gpu;
-    let mut kernels = gpu.load(&compiled.cubin).unwrap();
+    let mut kernels = gpu
+        .load(&compiled.cubin, LaunchMode::of(lowered.programmatic_launch))
+        .unwrap();
     let arena = gpu.alloc(phase.arena_bytes as usize).unwrap();
     let mut memory = Memory {
         arena: gpu.address(&arena),
@@ -923,7 +925,7 @@ fn random_weights_on_the_gpu_equal_the_interpreters() {
     )
     .unwrap()
     .cubin;
-    let mut kernels = dev.gpu.load(&cubin).unwrap();
+    let mut kernels = dev.gpu.load(&cubin, LaunchMode::Plain).unwrap();
     let tiny = model("tiny-sparse.ron");
     let slice = model("glm5-slice.ron");
     let mut cases: Vec<(RandomWeights, WeightEntry)> = artifact::weights(&tiny)

@@ -53,6 +53,24 @@ fn built_with(
     (config, module)
 }
 
+/// A shipped config through the default pipeline less the passes `disabled`
+/// (`--disable-pass`).
+pub fn module_without(file: &str, disabled: &[&str]) -> Module {
+    let config = ModelConfig::load(&repo_root().join("models").join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut module = glmc_models::builder::build(&config, &Default::default())
+        .expect("the shipped config builds");
+    let options = PipelineOptions {
+        disabled: disabled.iter().map(|p| p.to_string()).collect(),
+        ..Default::default()
+    };
+    pipeline(&options)
+        .expect("the pipeline")
+        .run(&mut module)
+        .expect("the pipeline runs");
+    module
+}
+
 /// A shipped config through the default pipeline with dense attention (`--attention dense`):
 /// the prefill keeps expanded `mla.attend`.
 pub fn dense_module(file: &str) -> Module {

@@ -36,7 +36,7 @@ use glmc_ir::{Module, Node, Op};
 
 use super::graphs::{GraphSize, Graphs};
 use super::nccl::Comm;
-use super::{driver, launch, random_fill, CudaError, Gpu, Kernels, Memory};
+use super::{driver, launch, random_fill, CudaError, Gpu, Kernels, LaunchMode, Memory};
 use crate::against_config::human_bytes;
 use crate::generate::{Call, Executor, GenerateError, NodeHook, PhaseKind};
 use crate::interp::WeightSource;
@@ -311,7 +311,7 @@ impl CudaExecutor {
             .mem_get_info()
             .map_err(driver("reading the free GPU memory"))?;
         DeviceBytes::of(manifest).check(free as u64)?;
-        let kernels = gpu.load(cubin)?;
+        let kernels = gpu.load(cubin, LaunchMode::of(manifest.programmatic_launch))?;
         let arena = gpu.alloc(prefill.arena_bytes.max(decode.arena_bytes) as usize)?;
         let mut memory = Memory {
             arena: gpu.address(&arena),
@@ -319,7 +319,7 @@ impl CudaExecutor {
         };
         let mut held = Vec::with_capacity(manifest.weights.len());
         let mut generator = match &weights {
-            Weights::Random { cubin, .. } => Some(gpu.load(cubin)?),
+            Weights::Random { cubin, .. } => Some(gpu.load(cubin, LaunchMode::Plain)?),
             Weights::Host(_) => None,
         };
         // Each weight is uploaded in the dtype the artifact was compiled for, whatever the
@@ -888,7 +888,7 @@ impl CudaExecutor {
     /// benchmark states a long context this way instead of prefilling it: decode reads the same
     /// bytes either way.
     pub fn fill_states(&mut self, random_cubin: &[u8], seed: u64) -> Result<(), CudaError> {
-        let mut kernels = self.gpu.load(random_cubin)?;
+        let mut kernels = self.gpu.load(random_cubin, LaunchMode::Plain)?;
         for s in &self.state_entries {
             let address = self
                 .memory

@@ -6,9 +6,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use cudarc::driver::sys::{
+    CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
+};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
-    LaunchConfig, PushKernelArg,
 };
 use glmc_codegen::expr::Bindings;
 use glmc_codegen::layout::{Buf, TensorRef};
@@ -104,7 +106,8 @@ impl Gpu {
         Ok((name, total as u64))
     }
 
-    pub fn load(&self, cubin: &[u8]) -> Result<Kernels, CudaError> {
+    /// The kernels of `cubin`, which [`launch`] starts as `mode` says.
+    pub fn load(&self, cubin: &[u8], mode: LaunchMode) -> Result<Kernels, CudaError> {
         let module = self
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec()))
@@ -112,6 +115,7 @@ impl Gpu {
         Ok(Kernels {
             module,
             functions: HashMap::new(),
+            mode,
         })
     }
 
@@ -190,10 +194,51 @@ impl Gpu {
     }
 }
 
+/// How [`launch`] starts a cubin's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchMode {
+    /// A kernel starts once the work before it in the stream is done.
+    Plain,
+    /// A kernel may start while the kernel before it in the stream still runs (programmatic
+    /// dependent launch), for an artifact whose manifest says `programmatic_launch`: its kernels
+    /// wait in `griddepcontrol.wait` before touching memory. Under CUDA-graph capture each
+    /// such launch becomes a programmatic edge, so replays overlap the same way.
+    Programmatic,
+}
+
+impl LaunchMode {
+    /// The mode an artifact's manifest (`programmatic_launch`) asks for.
+    pub fn of(programmatic: bool) -> LaunchMode {
+        if programmatic {
+            LaunchMode::Programmatic
+        } else {
+            LaunchMode::Plain
+        }
+    }
+
+    /// The launch attribute the mode passes to `cuLaunchKernelEx`, if any.
+    fn attribute(self) -> Option<CUlaunchAttribute> {
+        match self {
+            LaunchMode::Plain => None,
+            LaunchMode::Programmatic => {
+                // SAFETY: the value is a plain C union, for which all zero bytes are valid.
+                let mut value: CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+                value.programmaticStreamSerializationAllowed = 1;
+                Some(CUlaunchAttribute {
+                    id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                    pad: [0; 4],
+                    value,
+                })
+            }
+        }
+    }
+}
+
 /// A loaded cubin's functions, looked up by name once.
 pub struct Kernels {
     module: Arc<CudaModule>,
     functions: HashMap<String, CudaFunction>,
+    mode: LaunchMode,
 }
 
 impl Kernels {
@@ -305,26 +350,46 @@ pub fn launch(
         return Ok(());
     }
     let grid = u32::try_from(blocks).map_err(|_| fail(format!("{blocks} blocks")))?;
+    let mode = kernels.mode;
     let f = kernels.function(&launch.kernel, launch.dynamic_shared_bytes)?;
-    let mut builder = stream.launch_builder(f);
-    for v in &values {
-        match v {
-            Value::U64(x) => builder.arg(x),
-            Value::I64(x) => builder.arg(x),
-            Value::F32(x) => builder.arg(x),
-        };
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (launch.block, 1, 1),
-        shared_mem_bytes: launch.dynamic_shared_bytes,
+    let mut params: Vec<*mut std::ffi::c_void> = values
+        .iter()
+        .map(|v| match v {
+            Value::U64(x) => x as *const u64 as *mut std::ffi::c_void,
+            Value::I64(x) => x as *const i64 as *mut std::ffi::c_void,
+            Value::F32(x) => x as *const f32 as *mut std::ffi::c_void,
+        })
+        .collect();
+    let mut attribute = mode.attribute();
+    let config = CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: launch.block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: launch.dynamic_shared_bytes,
+        hStream: stream.cu_stream(),
+        attrs: attribute
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |a| a as *mut CUlaunchAttribute),
+        numAttrs: u32::from(attribute.is_some()),
     };
+    let what = || format!("launching {} for \"{}\"", launch.kernel, launch.node);
+    stream.context().bind_to_thread().map_err(driver(what()))?;
     // SAFETY: the arguments match the kernel's parameter list by construction (the same
-    // lowering wrote both), and every pointer is into memory that `memory` owns for the call.
-    unsafe { builder.launch(cfg) }.map_err(driver(format!(
-        "launching {} for \"{}\"",
-        launch.kernel, launch.node
-    )))?;
+    // lowering wrote both), `params` points at `values`, which outlive the call, and every
+    // pointer among them is into memory that `memory` owns for the call.
+    unsafe {
+        cudarc::driver::sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(driver(what()))?;
     Ok(())
 }
 
@@ -339,3 +404,35 @@ pub use executor::{
     CallTiming, CudaExecutor, DeviceBytes, LaunchTime, OutOfMemory, Progress, Timing,
 };
 pub mod random_fill;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use glmc_codegen::Target;
+
+    #[test]
+    fn an_artifacts_manifest_picks_programmatic_launches() {
+        assert_eq!(LaunchMode::of(false), LaunchMode::Plain);
+        assert!(LaunchMode::Plain.attribute().is_none());
+        let a = LaunchMode::of(true)
+            .attribute()
+            .expect("a programmatic launch passes an attribute");
+        assert_eq!(
+            a.id,
+            CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        );
+        // SAFETY: the field the attribute's id names.
+        assert_eq!(unsafe { a.value.programmaticStreamSerializationAllowed }, 1);
+    }
+
+    #[test]
+    fn every_targets_artifact_launches_programmatically() {
+        for t in Target::ALL {
+            assert_eq!(
+                LaunchMode::of(t.has_programmatic_launch()),
+                LaunchMode::Programmatic,
+                "{t}"
+            );
+        }
+    }
+}
