@@ -23,7 +23,11 @@
 // probability tiles take 96.8 KiB, under SM120's 99 KiB. FlashMLA's 64 heads per block would hold
 // a 72 KiB Q tile and leave no room for a pipelined key tile; 32 heads would fit only with
 // 16-key stages, halving the bytes in flight per block. With 8 heads (GLM-5 at TP=8) the m16 tile
-// is half empty: that kernel is bound by the cache's bytes, not the MMAs.
+// is half empty: that kernel is bound by the cache's bytes, not the MMAs. At 64 heads it is
+// bound by shared-memory reads: a 32-key tile costs a block 296 ldmatrix.x4 (216 in S, where
+// each of the four key-quarter warps re-reads its half of Q), ~1.2k cycles of the SM's 128 B
+// a cycle against ~400 of MMAs, and four blocks read each key. Fewer reads need the Q fragments
+// in registers or 32-64 heads a block, both past the 128 registers that fit two blocks an SM.
 //
 // 8 warps. S: warp w computes keys (w % 4)·8.. over dims (w / 4)·288.., the two halves summed in
 // shared memory. Softmax: 16 threads per head row, online in f32 in base 2 (the scale carries
