@@ -11,12 +11,23 @@
 // two-stage cp.async ring; each key's 576 values are loaded once per block and serve every head
 // of the group as the key (S = Q·Kᵀ) and its first 512 as the value (O += P·V).
 //
+// The ring is refilled at the end of a tile, not at the start of the next: a block then waits
+// with two tiles (72 KiB) on their way rather than one, and the top-k entry of a key is read a
+// tile before its copy is issued, so a tile's time is about (gather latency + compute) / 2
+// instead of entry latency + gather latency. At ≤ 128 registers an H200 SM holds two blocks,
+// up to 144 KiB in flight: 132 SMs × ~100 KiB over a ~2 µs loaded latency is above the copy
+// bandwidth, which is what the 8-head (bandwidth-bound) case needs.
+//
 // Why 16 heads per block: the Q tile is one m16 MMA tile of query rows (16 × 576 bf16 = 18 KiB)
 // and a key tile is 32 × 576 bf16 = 36 KiB a stage, so Q + two stages + the score and
 // probability tiles take 96.8 KiB, under SM120's 99 KiB. FlashMLA's 64 heads per block would hold
 // a 72 KiB Q tile and leave no room for a pipelined key tile; 32 heads would fit only with
 // 16-key stages, halving the bytes in flight per block. With 8 heads (GLM-5 at TP=8) the m16 tile
-// is half empty: that kernel is bound by the cache's bytes, not the MMAs.
+// is half empty: that kernel is bound by the cache's bytes, not the MMAs. At 64 heads it is
+// bound by shared-memory reads: a 32-key tile costs a block 296 ldmatrix.x4 (216 in S, where
+// each of the four key-quarter warps re-reads its half of Q), ~1.2k cycles of the SM's 128 B
+// a cycle against ~400 of MMAs, and four blocks read each key. Fewer reads need the Q fragments
+// in registers or 32-64 heads a block, both past the 128 registers that fit two blocks an SM.
 //
 // 8 warps. S: warp w computes keys (w % 4)·8.. over dims (w / 4)·288.., the two halves summed in
 // shared memory. Softmax: 16 threads per head row, online in f32 in base 2 (the scale carries
@@ -106,16 +117,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     const int lkey = tid >> 3, lsub = tid & 7;
     const bf16* const k1r = k1 + row * k1_seq;
     const bf16* const k2r = k2 + row * k2_seq;
-    auto load = [&](int stage, i64 tile) {
+    // The cache row of this thread's key in `tile` (−1: none). Its value is used a tile later
+    // than it is read, so the read of a top-k entry is off the copy's critical path.
+    auto key_of = [&](i64 tile) -> i64 {
         const i64 slot = tile * BN + lkey;
-        i64 j = slot;
-        bool ok = slot < keys;
+        if (slot >= keys) return -1;
 {%- if sparse %}
-        if (listed) {
-            j = ok ? list[slot] : -1;
-            ok = j >= 0 && j <= pos;
-        }
+        if (listed) return list[slot];
 {%- endif %}
+        return slot;
+    };
+    auto load = [&](int stage, i64 j) {
+        const bool ok = j >= 0 && j <= pos;
         if (lsub == 0) visible[stage * BN + lkey] = ok;
         bf16* const dst = ks + (stage * BN + lkey) * LDK;
         const bf16* const a = k1r + (ok ? j : 0) * k1_key;
@@ -136,16 +149,22 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     const int srow = tid >> 4, scol = (tid & 15) * 2;
     float m = -INFINITY, l = 0.f;
 
-    if (t0 < t1) load(0, t0);
-    cp_async_commit();
+    // Both stages are filled before the first tile is computed, and a stage is refilled (tile
+    // t + 2) as soon as tile t is done with it, so while a block waits two tiles are on their
+    // way: cp.async group i holds tile t0 + i (the first also the queries).
+    {
+        const i64 j0 = key_of(t0), j1 = key_of(t0 + 1);
+        if (t0 < t1) load(0, j0);
+        cp_async_commit();
+        if (t0 + 1 < t1) load(1, j1);
+        cp_async_commit();
+    }
+    i64 jn = key_of(t0 + 2);
     for (i64 t = t0; t < t1; ++t) {
         const int s = (int)((t - t0) & 1);
-        cp_async_wait<0>();
-        // Tile t has landed for every thread, and every warp is done with tile t - 1, whose
-        // stage the next copy overwrites, and with the scores and probabilities of t - 1.
+        cp_async_wait<1>();
+        // Tile t has landed for every thread (only the group of t + 1 may be outstanding).
         __syncthreads();
-        if (t + 1 < t1) load(s ^ 1, t + 1);
-        cp_async_commit();
         const bf16* const kt = ks + s * BN * LDK;
         {
             const int nt = warp & 3, kh = warp >> 2;
@@ -213,6 +232,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
                 }
             }
         }
+        // Every warp is done with stage s and with this tile's scores and probabilities.
+        __syncthreads();
+        if (t + 2 < t1) load(s, jn);
+        cp_async_commit();
+        jn = key_of(t + 3);
     }
     cp_async_wait<0>();
     if ((tid & 15) == 0) {
@@ -221,11 +245,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     }
     __syncthreads();
 
-    // Accumulator e of an m16n8 tile is head row g + (e / 2)·8, column t4·2 + e % 2.
+    // Accumulator e of an m16n8 tile is head row g + (e / 2)·8, column t4·2 + e % 2.{% if not direct %}
+    // A head that saw no key writes no partial O: its lse is −inf and the merge gives it weight 0
+    // without using the O it reads (a split past the keys of a short row writes only its lse).{% endif %}
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = g + half * 8;
-        if (r < HG) {
+        if (r < HG{% if not direct %} && lsum[r] > 0.f{% endif %}) {
             const float inv = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
             const i64 h = group * HG + r;
 {%- if direct %}

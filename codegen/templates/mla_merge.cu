@@ -3,32 +3,58 @@
 // scratch `part` laid out as the first kernel writes it (O [rows][splits][{{ heads }}][512] f32,
 // then lse [rows][splits][{{ heads }}]). One block of 128 threads per (row, head), 4 columns a
 // thread; a split without keys has lse −inf and weight 0, a row without any key gets zeros.
+// One pass over the splits in groups of UNROLL whose loads (lse and O) are all issued before any
+// is used, M kept as a running max (the sums rescaled when it grows): the partials sit in L2,
+// and a load at a time would pay its latency once per split (64 of them at batch 1). A split
+// of lse −inf wrote no O: the bytes read for it are stale and are dropped, not multiplied.
 extern "C" __global__ void __launch_bounds__(128, 1) {{ name }}(
     bf16* __restrict__ out, i64 out_row, i64 out_head,
     const float* __restrict__ part, i64 rows, i64 splits)
 {
+<<<<<<< HEAD
     grid_dependency_control();
     constexpr int DV = 512, HEADS = {{ heads }};
+=======
+    constexpr int DV = 512, HEADS = {{ heads }}, UNROLL = 16;
+>>>>>>> attn-perf
     const i64 row = blockIdx.x / HEADS;
     const int h = blockIdx.x % HEADS;
     if (row >= rows) return;
     const float* const lse = part + rows * splits * HEADS * DV + row * splits * HEADS + h;
-    float top = -INFINITY;
-    for (i64 s = 0; s < splits; ++s) top = fmaxf(top, lse[s * HEADS]);
     const int d = threadIdx.x * 4;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f}, total = 0.f;
-    if (top > -INFINITY) {
-        for (i64 s = 0; s < splits; ++s) {
-            const float w = exp2f(lse[s * HEADS] - top);
-            if (w > 0.f) {
-                const float4 v = *reinterpret_cast<const float4*>(part + ((row * splits + s) * HEADS + h) * DV + d);
+    const float* const o = part + (row * splits * HEADS + h) * DV + d;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, total = 0.f, top = -INFINITY;
+    for (i64 s0 = 0; s0 < splits; s0 += UNROLL) {
+        float x[UNROLL];
+        float4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 s = s0 + u;
+            x[u] = s < splits ? lse[s * HEADS] : -INFINITY;
+            v[u] = s < splits ? __ldcg(reinterpret_cast<const float4*>(o + s * HEADS * DV))
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float m = top;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) m = fmaxf(m, x[u]);
+        if (m == -INFINITY) continue;
+        // 0 while nothing has been summed (top −inf).
+        const float c = exp2f(top - m);
+        total *= c;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] *= c;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (x[u] > -INFINITY) {
+                const float w = exp2f(x[u] - m);
                 total += w;
-                acc[0] += w * v.x;
-                acc[1] += w * v.y;
-                acc[2] += w * v.z;
-                acc[3] += w * v.w;
+                acc[0] += w * v[u].x;
+                acc[1] += w * v[u].y;
+                acc[2] += w * v[u].z;
+                acc[3] += w * v[u].w;
             }
         }
+        top = m;
     }
     const float inv = total > 0.f ? 1.f / total : 0.f;
     bf16* const dst = out + row * out_row + h * out_head + d;
