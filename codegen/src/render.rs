@@ -17,6 +17,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../templates/elementwise.cu")),
     ("dsa_score", include_str!("../templates/dsa_score.cu")),
     (
+        "dsa_score_decode",
+        include_str!("../templates/dsa_score_decode.cu"),
+    ),
+    (
         "dsa_score_mma",
         include_str!("../templates/dsa_score_mma.cu"),
     ),

@@ -8,7 +8,7 @@
 // thread's heads and then over the eight lanes (g) that hold the other heads of the same key, so
 // a warp owns whole scores and nothing goes through shared memory. {{ rows }} > 1 only where all
 // rows read one cache (prefill), so a K tile serves every row of the block; a decode's rows each
-// have their own cache and take a block each.
+// have their own cache and take a block each (shapes `dsa_score_decode.cu` does not hold).
 //
 // Shared memory, dynamic: the block's queries ({{ rows }} × {{ heads }} × {{ dim }} bf16) and a
 // two-stage cp.async ring of 128-key tiles, {{ smem_kib }} KiB (SM120 allows 99 KiB); rows of a

@@ -473,19 +473,21 @@ fn dense_prefill_attention_takes_the_flash_kernel_where_it_fits() {
 }
 
 /// GLM-5's indexer scores run on the tensor cores: a prefill block takes 4 query rows (their
-/// 128 row-heads share each key tile), a decode block one sequence's row; f32 keeps the SIMT
-/// kernel.
+/// 128 row-heads share each key tile), a decode the persistent streaming kernel; f32 keeps the
+/// SIMT kernel.
 #[test]
 fn indexer_scores_take_the_tensor_cores_in_bf16() {
     let l = lowered("glm5.ron", Target::Sm120);
-    for (phase_name, rows) in [("prefill", "4"), ("decode", "1")] {
+    for (phase_name, template) in [("prefill", "dsa_score_mma"), ("decode", "dsa_score_decode")] {
         let ks = kernels_of(&l, phase_name, "dsa.score");
         assert!(!ks.is_empty(), "{phase_name}");
         for k in ks {
-            assert_eq!(k.template, "dsa_score_mma", "{phase_name}");
-            assert_eq!(k.params["rows"], rows, "{phase_name}");
+            assert_eq!(k.template, template, "{phase_name}");
             assert!(k.shared_bytes <= 99 * 1024);
         }
+    }
+    for k in kernels_of(&l, "prefill", "dsa.score") {
+        assert_eq!(k.params["rows"], "4");
     }
     let tiny = lowered("tiny-sparse.ron", Target::Sm120);
     for k in kernels_of(&tiny, "prefill", "dsa.score") {

@@ -1,10 +1,10 @@
 //! Tensor-core kernels for long prefills: dense expanded attention (`attention_flash.cu`) and the
-//! indexer's scores (`dsa_score_mma.cu`). Each returns why it does not apply, and the caller
+//! indexer's scores (`dsa_score_mma.cu`, and `dsa_score_decode.cu` for a decode). Each returns why it does not apply, and the caller
 //! keeps the baseline kernel then.
 
 use super::{
     bf16_vectors, cache_operand, const_dim, float, int, per_head_rows, positions_ok,
-    score_operands, Builder, Lowering, NodeCtx,
+    score_operands, Builder, Lowering, NodeCtx, ScoreOperands,
 };
 use crate::expr::{GridDim, Poly};
 use crate::target::Target;
@@ -136,6 +136,11 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
     }
     bf16_vectors(o.q, &[&o.q_row, &o.q_head], "q")?;
     bf16_vectors(o.k, &[&kc.seq, &kc.key], "k")?;
+    if kc.seq != Poly::zero() {
+        if let Some(l) = decode_score(cx, &o)? {
+            return Ok(l);
+        }
+    }
     let shared_for = |r: u64| tile_bytes(r * heads, dim) + 2 * tile_bytes(SCORE_KEYS, dim);
     // Rows sharing a block share its key tiles, so a prefill takes as many as fit; a decode's
     // rows read caches of their own.
@@ -173,6 +178,42 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
         per_block: per_block * chunk,
     };
     Ok(b.launch(grid, args))
+}
+
+/// Blocks of the decode indexer kernel: two per SM of the H200 (132 SMs; two blocks of 96 KiB
+/// fit its 228 KiB), so that the whole persistent grid is resident at once. On the RTX PRO 6000
+/// (188 SMs, one such block each) the last 76 run as a second wave.
+const SCORE_DECODE_BLOCKS: u64 = 2 * 132;
+/// Stages of its cp.async ring of key tiles.
+const SCORE_DECODE_STAGES: u64 = 3;
+/// Query registers a thread of it may hold (`heads × dim / 64`: GLM-5's 32 × 128 is 64).
+const SCORE_DECODE_MAX_A: u64 = 64;
+
+/// `dsa.score` with a cache per row (a decode) on `dsa_score_decode.cu`, or `None` where the
+/// query fragments or the key ring do not fit (the row-per-block kernel takes those).
+fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Lowering>, String> {
+    let (heads, dim) = (o.heads, o.dim);
+    let shared = SCORE_DECODE_STAGES * tile_bytes(SCORE_KEYS, dim);
+    // The kernel counts tiles and keys in 32 bits.
+    let keys_in_all = o.rows.mul(&o.keys).eval(cx.limits);
+    // Its ldmatrix reads two 16-dim steps at once.
+    if heads * dim / 64 > SCORE_DECODE_MAX_A
+        || !dim.is_multiple_of(32)
+        || shared > shared_limit()
+        || keys_in_all.is_none_or(|n| n > i64::from(i32::MAX))
+    {
+        return Ok(None);
+    }
+    let b = Builder::new("dsa_score_decode", (SCORE_WARPS * 32) as u32)
+        .param("heads", heads)
+        .param("dim", dim)
+        .param("stages", SCORE_DECODE_STAGES)
+        .param("a_regs", heads * dim / 64)
+        .param("smem_kib", shared.div_ceil(1024))
+        .dtype("w_t", o.w.dtype)?
+        .shared(shared as u32, true);
+    let (b, args) = o.args(cx, b);
+    Ok(Some(b.launch(GridDim::fixed(SCORE_DECODE_BLOCKS), args)))
 }
 
 #[cfg(test)]

@@ -1,0 +1,174 @@
+// dsa.score for a decode on the tensor cores: I(n, j) = Σ_h w[n,h] · relu(q[n,h]·k[j]) over
+// {{ heads }} heads of {{ dim }} dims, −inf for j > position, f32 throughout. Each row reads a
+// cache of its own, so the work is a stream of keys against a query a row: bandwidth bound.
+//
+// The grid is persistent (a fixed count of blocks, two per SM of the H200): the rows' 128-key
+// tiles, taken in (row, key) order, are split into one contiguous run per block, so every block
+// streams about as many bytes, a block's run crosses a row boundary at most a few times, and a
+// short decode (one row of 8192 keys: 64 tiles) still spreads one tile per SM. Setup is per row,
+// not per block: the query's MMA fragments ({{ heads }} × {{ dim }}, {{ a_regs }} registers a
+// thread) and the head weights are read into registers from global memory (L1/L2: every warp
+// reads the same 8 KiB) when a tile of a new row comes up, while the key copies stay in flight.
+//
+// Keys go through a {{ stages }}-stage cp.async ring of 128-key tiles ({{ smem_kib }} KiB, the
+// only shared memory; rows of 8 16-byte chunks XOR-swizzled so ldmatrix reads no bank twice,
+// others padded by one chunk): while one tile is multiplied the next {{ stages }} − 1 are in
+// flight, 64 KiB a block for GLM-5's 128 dims, 128 KiB an SM at two blocks, past the ~32 KiB an
+// SM that the H200's bandwidth × latency asks for. Keys past the row's position are not read: a
+// tile wholly past it is −inf, written directly, with no copy and no MMA.
+//
+// Each warp takes 16 keys of a tile: {{ heads }} heads × 16 keys in m16n8k16 MMAs, and the same
+// register epilogue and summation order as `dsa_score_mma.cu` (relu, times w, summed over the
+// thread's heads, then over lanes 4, 8 and 16 apart), so the two kernels give the same bits.
+namespace {{ name }}_ {
+constexpr int H = {{ heads }}, D = {{ dim }}, STAGES = {{ stages }};
+constexpr int BN = 128, THREADS = 256, WARPS = 8, WN = BN / WARPS, NI = WN / 8;
+constexpr int MI = H / 16, KK = D / 16, C = D / 8;
+constexpr int TILE = BN * (C % 8 == 0 ? C : C + 1) * 8;
+
+__device__ __forceinline__ int at(int r, int c) {
+    if constexpr (C % 8 == 0) return (r * C + (c ^ (r & 7))) * 8;
+    else return (r * (C + 1) + c) * 8;
+}
+
+// cp_async16 that also asks L2 to fetch the whole 256-byte block around the source: a key row
+// of 128 dims is one such block, read whole by its 16 threads.
+__device__ __forceinline__ void cp_async16_l2(void* smem, const void* global, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global),
+                 "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ unsigned ld_pair(const bf16* p) { return *reinterpret_cast<const unsigned*>(p); }
+}  // namespace {{ name }}_
+
+extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
+    float* __restrict__ out, i64 out_row,
+    const bf16* __restrict__ q, i64 q_row, i64 q_head,
+    const {{ w_t }}* __restrict__ w, i64 w_row,
+    const bf16* __restrict__ k, i64 k_seq, i64 k_key,
+    const i64* __restrict__ positions, i64 rows, i64 keys{%- if slotted %},
+    const i64* __restrict__ cache_slot, i64 k_slot{%- endif %})
+{
+{%- if slotted %}
+    k += cache_slot[0] * k_slot;
+{%- endif %}
+    using namespace {{ name }}_;
+    bf16* const sk = reinterpret_cast<bf16*>(dynamic_smem);
+    // Tile and key indices fit 32 bits (the lowering checks rows × keys); 64-bit ones would cost
+    // the registers that keep the query's fragments from spilling.
+    const int per_row = (int)((keys + BN - 1) / BN), nkeys = (int)keys;
+    const i64 total = rows * per_row;
+    const int t_begin = (int)(total * blockIdx.x / gridDim.x);
+    const int n = (int)(total * (blockIdx.x + 1) / gridDim.x) - t_begin;
+    if (n <= 0) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+
+    // Tile t's keys up to the row's position (zero-filled past it), nothing for a tile wholly
+    // past it. Every thread takes the same branch: `t` is the block's.
+    auto load = [&](int stage, int t) {
+        const int row = t / per_row, j0 = t % per_row * BN;
+        const int last = (int)min(positions[row], (i64)nkeys - 1);
+        if (j0 > last) return;
+        const bf16* const kr = k + row * k_seq + (i64)j0 * k_key;
+        bf16* const dst = sk + stage * TILE;
+#pragma unroll
+        for (int i = tid; i < BN * C; i += THREADS) {
+            const int r = i / C, c = i % C;
+            const bool ok = j0 + r <= last;
+            cp_async16_l2(dst + at(r, c), ok ? kr + r * k_key + c * 8 : k, ok);
+        }
+    };
+
+    // Fragment (mi, kk) of the query: a0..a3 are heads mi·16 + g (+ 8 for a1, a3) at dims
+    // kk·16 + t4·2 (+ 8 for a2, a3), the pairs ldmatrix would give.
+    unsigned a[MI][KK][4];
+    float wh[MI][2];
+    auto load_query = [&](int row) {
+        const bf16* const qr = q + row * q_row;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) wh[mi][e] = ld(w + row * w_row + mi * 16 + g + e * 8);
+#pragma unroll
+            for (int kk = 0; kk < KK; ++kk) {
+                const bf16* const p = qr + (mi * 16 + g) * q_head + kk * 16 + t4 * 2;
+                a[mi][kk][0] = ld_pair(p);
+                a[mi][kk][1] = ld_pair(p + 8 * q_head);
+                a[mi][kk][2] = ld_pair(p + 8);
+                a[mi][kk][3] = ld_pair(p + 8 * q_head + 8);
+            }
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n) load(s, t_begin + s);
+        cp_async_commit();
+    }
+    // The first row's query is read while its first keys are in flight.
+    int a_row = t_begin / per_row;
+    load_query(a_row);
+    for (int kt = 0; kt < n; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        // Tile kt has landed for every thread, and every warp is done with tile kt - 1, whose
+        // stage the next copy overwrites.
+        __syncthreads();
+        if (kt + STAGES - 1 < n) load((kt + STAGES - 1) % STAGES, t_begin + kt + STAGES - 1);
+        cp_async_commit();
+
+        const int t = t_begin + kt, row = t / per_row, j_begin = t % per_row * BN;
+        const i64 pos = positions[row];
+        const int j_end = min(j_begin + BN, nkeys);
+        float* const orow = out + row * out_row;
+        if (j_begin > pos) {
+            for (int j = j_begin + tid; j < j_end; j += THREADS) orow[j] = -INFINITY;
+            continue;
+        }
+        if (row != a_row) {
+            a_row = row;
+            load_query(row);
+        }
+
+        const bf16* const tk = sk + (kt % STAGES) * TILE;
+        // One 8-key MMA column at a time, so that only its accumulators are live next to the
+        // query's fragments (both at once would not fit two blocks' registers an SM).
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+            float acc[MI][1][4];
+            zero_tiles(acc);
+#pragma unroll
+            for (int kk = 0; kk < KK; kk += 2) {
+                // b0, b1 of step kk and of step kk + 1: lanes 8·m to 8·m + 7 address the 8 keys
+                // at 16-byte chunk 2·kk + m.
+                unsigned b[4];
+                ldmatrix_x4(b, tk + at(warp * WN + ni * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int mi = 0; mi < MI; ++mi) mma_bf16(acc[mi][0], a[mi][kk + h], b[h * 2], b[h * 2 + 1]);
+            }
+            // Accumulator e of tile mi is head mi·16 + g + (e / 2)·8, key t4·2 + e % 2.
+            float sc[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                float s = 0.f;
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) s += wh[mi][e] * fmaxf(acc[mi][0][e * 2 + c], 0.f);
+                s += __shfl_xor_sync(0xffffffffu, s, 4);
+                s += __shfl_xor_sync(0xffffffffu, s, 8);
+                s += __shfl_xor_sync(0xffffffffu, s, 16);
+                sc[c] = s;
+            }
+            if (g == 0) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int j = j_begin + warp * WN + ni * 8 + t4 * 2 + c;
+                    if (j < j_end) orow[j] = j <= pos ? sc[c] : -INFINITY;
+                }
+            }
+        }
+    }
+}
