@@ -11,12 +11,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) {{ name }}(
     bf16* __restrict__ out, i64 out_row, i64 out_head,
     const float* __restrict__ part, i64 rows, i64 splits)
 {
-<<<<<<< HEAD
     grid_dependency_control();
-    constexpr int DV = 512, HEADS = {{ heads }};
-=======
     constexpr int DV = 512, HEADS = {{ heads }}, UNROLL = 16;
->>>>>>> attn-perf
     const i64 row = blockIdx.x / HEADS;
     const int h = blockIdx.x % HEADS;
     if (row >= rows) return;
