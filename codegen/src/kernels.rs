@@ -888,12 +888,12 @@ const SKINNY_GEMM: GemmTile = GemmTile {
 /// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
 /// tile, so a quarter of the accumulators. ptxas gave the 64-row kernel 115 registers on sm_90a
 /// (two blocks an SM), and every GLM-5 decode projection but the lm_head reached only 50-66% of
-/// the copy roofline on an H200 (tests/gpu/results/2026-12-01l/gemm.md). This one holds three
-/// blocks an SM (at most 85 registers, no spills on sm_90a and sm_120) with three chunks in
-/// flight per warp, x a chunk ahead and 256-byte L2 prefetches. Measured on an H200 against
-/// every variant of depth, blocks an SM and prefetch (tests/gpu/results/2026-12-01q/skinny.md),
-/// it reads o_proj, the dense MLP and the lm_head at 86–103% of the copy bandwidth, within 2 µs
-/// of the best variant on each; prefetching won on every shape.
+/// the copy roofline on an H200 (tests/gpu/results/2026-12-01l/gemm.md). This one keeps four
+/// chunks in flight per warp at two blocks an SM, x a chunk ahead and 256-byte L2 prefetches:
+/// on an H200, against every variant of depth, blocks an SM and prefetch on GLM-5's six
+/// projections of more than 512 K (tests/gpu/results/2026-12-01q/skinny.md), it took 603 µs for
+/// them at 8 rows (three chunks at three blocks: 635) and 594 at one row (590), reading o_proj,
+/// the dense MLP and the lm_head at 86–103% of the copy bandwidth; prefetching won everywhere.
 const SKINNY_GEMM_16: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
@@ -901,8 +901,8 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
     shared: 8 * 8 * 32 * 4,
     dynamic: false,
     params: &[
-        ("depth", 3),
-        ("min_blocks", 3),
+        ("depth", 4),
+        ("min_blocks", 2),
         ("mt", 1),
         ("nt", 2),
         ("prefetch", 256),

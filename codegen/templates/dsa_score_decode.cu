@@ -50,6 +50,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
     const i64* __restrict__ positions, i64 rows, i64 keys{%- if slotted %},
     const i64* __restrict__ cache_slot, i64 k_slot{%- endif %})
 {
+    grid_dependency_control();
 {%- if slotted %}
     k += cache_slot[0] * k_slot;
 {%- endif %}
