@@ -933,9 +933,8 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
 
 /// The 16-row one for a short K (at most 8 chunks of 32: GLM-5's per-head q_absorbed, K = 192):
 /// split 8 ways, most warps of a block had one chunk or none, and 2048 small blocks took 9.6–12.6
-/// µs for 12.6 MB (torch.matmul 6.1). Here each warp takes all of K for its own 8 columns, six
-/// chunks in flight (all of GLM-5's), and a block 64 columns; at four blocks an SM (64
-/// registers) it spills on sm_120.
+/// µs for 12.6 MB (torch.matmul 6.1). Here each warp takes all of K for its own 8 columns, four
+/// chunks in flight (six spill on sm_120 at three blocks an SM), and a block 64 columns.
 const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
@@ -943,7 +942,7 @@ const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
     shared: 8 * 4 * 32 * 4,
     dynamic: false,
     params: &[
-        ("depth", 6),
+        ("depth", 4),
         ("min_blocks", 3),
         ("mt", 1),
         ("nt", 1),

@@ -55,15 +55,22 @@ pub const COMMON: &str = include_str!("../templates/common.cuh");
 /// runtime may launch kernels as programmatic dependents of their predecessors.
 pub const GRID_DEPENDENCY_CONTROL: &str = "grid_dependency_control();";
 
+/// The first statement of a kernel that reads weights, and nothing else, before its
+/// [`GRID_DEPENDENCY_CONTROL`] (`common.cuh`).
+pub const WEIGHTS_BEFORE_WAIT: &str = "weights_before_wait();";
+
 /// Whether every `__global__` function in `source` opens its body with
-/// [`GRID_DEPENDENCY_CONTROL`], before any statement that could touch global memory. A kernel's
-/// body opens with a brace on a line of its own (a template's parameter list holds tera's braces).
+/// [`GRID_DEPENDENCY_CONTROL`], before any statement that could touch global memory, or with
+/// [`WEIGHTS_BEFORE_WAIT`] and has the wait further on. A kernel's body opens with a brace on a
+/// line of its own (a template's parameter list holds tera's braces).
 pub fn kernels_wait_first(source: &str) -> bool {
     source.match_indices("__global__").all(|(at, _)| {
         source[at..].find("\n{\n").is_some_and(|open| {
-            source[at + open + 3..]
-                .trim_start()
-                .starts_with(GRID_DEPENDENCY_CONTROL)
+            let body = source[at + open + 3..].trim_start();
+            let end = body.find("\n}\n").unwrap_or(body.len());
+            body.starts_with(GRID_DEPENDENCY_CONTROL)
+                || (body.starts_with(WEIGHTS_BEFORE_WAIT)
+                    && body[..end].contains(GRID_DEPENDENCY_CONTROL))
         })
     })
 }
@@ -139,6 +146,14 @@ mod tests {
             "    grid_dependency_control();\n    y[0] = 1.f;",
         );
         assert!(kernels_wait_first(&first));
+    }
+
+    #[test]
+    fn a_kernel_reading_weights_first_must_still_wait() {
+        let early = "extern \"C\" __global__ void k(float* y, const float* w)\n{\n    weights_before_wait();\n    float a = w[0];\n    grid_dependency_control();\n    y[0] = a;\n}\n";
+        assert!(kernels_wait_first(early));
+        let never = early.replace("    grid_dependency_control();\n", "");
+        assert!(!kernels_wait_first(&never));
     }
 
     #[test]

@@ -109,7 +109,11 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks | defa
 {%- endif %}
     i64 rows)
 {
+{%- if weights_first | default(value=false) %}
+    weights_before_wait();
+{%- else %}
     grid_dependency_control();
+{%- endif %}
     using namespace {{ name }}_;
 {%- if not rope and not argmax %}
     const i64* positions = nullptr;  // read only under rope

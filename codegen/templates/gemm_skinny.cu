@@ -1,4 +1,5 @@
 {%- set argmax = argmax | default(value=false) -%}
+{%- set weights_first = true -%}
 {% include "gemm_head.cuh" %}
     // Tensor-core GEMM for few rows (decode), where the weight's bytes set the time: each warp
     // computes {{ nt }} 8-column MMA tile(s) of {{ mt }} tile(s) of 16 rows of one head, a block
@@ -93,6 +94,8 @@
     uint4 ring[DEPTH][NT];
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d]);
+    // Only weights above (see weights_before_wait): x is the kernel before's output.
+    grid_dependency_control();
     uint4 xq[2];
     if constexpr (X_AHEAD) load_x(wk, 0, xq);
     for (int ch = wk; ch < CHUNKS; ch += DEPTH * WARPS_K) {

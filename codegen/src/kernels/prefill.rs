@@ -4,9 +4,9 @@
 
 use super::{
     bf16_vectors, cache_operand, const_dim, float, int, per_head_rows, positions_ok,
-    score_operands, Builder, Lowering, NodeCtx, ScoreOperands,
+    score_operands, Builder, Lowering, NodeCtx, Planned, ScoreOperands,
 };
-use crate::expr::{GridDim, Poly};
+use crate::expr::{GridDim, Guard, Poly};
 use crate::target::Target;
 
 /// Query rows per block of the flash kernel (4 warps of 16) and keys per streamed tile; the
@@ -136,11 +136,17 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
     }
     bf16_vectors(o.q, &[&o.q_row, &o.q_head], "q")?;
     bf16_vectors(o.k, &[&kc.seq, &kc.key], "k")?;
-    if kc.seq != Poly::zero() {
-        if let Some(l) = decode_score(cx, &o)? {
-            return Ok(l);
-        }
-    }
+    let persistent = if kc.seq != Poly::zero() {
+        decode_score(cx, &o)?
+    } else {
+        None
+    };
+    // Its pointer arguments' sources, apart from the row-per-block kernel's.
+    let persistent_sources = if persistent.is_some() {
+        cx.sources.take()
+    } else {
+        Vec::new()
+    };
     let shared_for = |r: u64| tile_bytes(r * heads, dim) + 2 * tile_bytes(SCORE_KEYS, dim);
     // Rows sharing a block share its key tiles, so a prefill takes as many as fit; a decode's
     // rows read caches of their own.
@@ -177,7 +183,17 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
             .mul(&o.keys.add(&Poly::constant(chunk as i64 - 1))),
         per_block: per_block * chunk,
     };
-    Ok(b.launch(grid, args))
+    let mut per_row = b.planned(grid, args);
+    let Some(mut persistent) = persistent else {
+        return Ok(Lowering::Launch(per_row));
+    };
+    per_row.when = Some(Guard::at_most(o.rows.clone(), SCORE_DECODE_FEWEST_ROWS - 1));
+    persistent.when = Some(Guard::above(o.rows.clone(), SCORE_DECODE_FEWEST_ROWS - 1));
+    let per_row_sources = cx.sources.take();
+    Ok(Lowering::Launches(vec![
+        (per_row, per_row_sources),
+        (persistent, persistent_sources),
+    ]))
 }
 
 /// Blocks of the decode indexer kernel: two per SM of the H200 (132 SMs; two blocks of 96 KiB
@@ -188,10 +204,15 @@ const SCORE_DECODE_BLOCKS: u64 = 2 * 132;
 const SCORE_DECODE_STAGES: u64 = 3;
 /// Query registers a thread of it may hold (`heads × dim / 64`: GLM-5's 32 × 128 is 64).
 const SCORE_DECODE_MAX_A: u64 = 64;
+/// Rows from which a decode takes it. One sequence's keys are too few tiles to spread over its
+/// fixed grid: on an H200 it took 9.1 µs for one row of 32768 keys where the row-per-block
+/// kernel took 8.0, and 12.5 against 8.7 µs a layer in the batch-1 decode step at 1024
+/// (tests/gpu/results/2026-12-01q), while at 8 rows of 32768 it took 24.9 µs against 41.2.
+const SCORE_DECODE_FEWEST_ROWS: i64 = 2;
 
 /// `dsa.score` with a cache per row (a decode) on `dsa_score_decode.cu`, or `None` where the
 /// query fragments or the key ring do not fit (the row-per-block kernel takes those).
-fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Lowering>, String> {
+fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Planned>, String> {
     let (heads, dim) = (o.heads, o.dim);
     let shared = SCORE_DECODE_STAGES * tile_bytes(SCORE_KEYS, dim);
     // The kernel counts tiles and keys in 32 bits.
@@ -213,7 +234,7 @@ fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Lowering>, Str
         .dtype("w_t", o.w.dtype)?
         .shared(shared as u32, true);
     let (b, args) = o.args(cx, b);
-    Ok(Some(b.launch(GridDim::fixed(SCORE_DECODE_BLOCKS), args)))
+    Ok(Some(b.planned(GridDim::fixed(SCORE_DECODE_BLOCKS), args)))
 }
 
 #[cfg(test)]
