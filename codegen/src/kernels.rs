@@ -888,12 +888,13 @@ const SKINNY_GEMM: GemmTile = GemmTile {
 /// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
 /// tile, so a quarter of the accumulators. ptxas gave the 64-row kernel 115 registers on sm_90a
 /// (two blocks an SM), and every GLM-5 decode projection but the lm_head reached only 50-66% of
-/// the copy roofline on an H200 (tests/gpu/results/2026-12-01l/gemm.md). This one keeps four
-/// chunks in flight per warp at two blocks an SM, x a chunk ahead and 256-byte L2 prefetches:
-/// on an H200, against every variant of depth, blocks an SM and prefetch on GLM-5's six
-/// projections of more than 512 K (tests/gpu/results/2026-12-01q/skinny.md), it took 603 µs for
-/// them at 8 rows (three chunks at three blocks: 635) and 594 at one row (590), reading o_proj,
-/// the dense MLP and the lm_head at 86–103% of the copy bandwidth; prefetching won everywhere.
+/// the copy roofline on an H200 (tests/gpu/results/2026-12-01l/gemm.md). This one keeps three
+/// chunks in flight per warp at three blocks an SM, x a chunk ahead and 256-byte L2 prefetches.
+/// In two sweeps on an H200 of every variant of depth, blocks an SM and prefetch
+/// (tests/gpu/results/2026-12-01q, calls A and C), it was the fastest or within 1 µs of it on
+/// o_proj, the dense MLP, the shared expert's down projection and the lm_head at 1 and 8 rows,
+/// 86–103% of the copy bandwidth; four chunks at two blocks won one sweep at 8 rows and lost the
+/// other by up to 20%. Prefetching won on every shape.
 const SKINNY_GEMM_16: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
@@ -901,8 +902,8 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
     shared: 8 * 8 * 32 * 4,
     dynamic: false,
     params: &[
-        ("depth", 4),
-        ("min_blocks", 2),
+        ("depth", 3),
+        ("min_blocks", 3),
         ("mt", 1),
         ("nt", 2),
         ("prefetch", 256),
@@ -933,8 +934,10 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
 
 /// The 16-row one for a short K (at most 8 chunks of 32: GLM-5's per-head q_absorbed, K = 192):
 /// split 8 ways, most warps of a block had one chunk or none, and 2048 small blocks took 9.6–12.6
-/// µs for 12.6 MB (torch.matmul 6.1). Here each warp takes all of K for its own 8 columns, four
-/// chunks in flight (six spill on sm_120 at three blocks an SM), and a block 64 columns.
+/// µs for 12.6 MB (torch.matmul 6.1). Here each warp takes all of K for its own 8 columns, and a
+/// block 64 columns, four chunks in flight at three blocks an SM: 6.4 µs on an H200
+/// (tests/gpu/results/2026-12-01q, call C). Four blocks took 5.0 µs there but spill 20 bytes on
+/// sm_90a; six chunks spill on sm_120.
 const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
