@@ -1061,8 +1061,8 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
     let wide_sources = cx.sources.take();
     let w = &cx.operands[1];
     let narrow_tile = match const_dim(w, w.shape.len() - 1, "the weight")?.div_ceil(32) {
-        ..=8 => &SKINNY_GEMM_16_SHORT_K,
-        ..=16 => &SKINNY_GEMM_16_MID_K,
+        0..=8 => &SKINNY_GEMM_16_SHORT_K,
+        9..=16 => &SKINNY_GEMM_16_MID_K,
         _ if is_narrow(w) => &SKINNY_GEMM_16_NARROW,
         _ => &SKINNY_GEMM_16,
     };

@@ -423,6 +423,18 @@ fn compare(gpu: &[f64], reference: &[f64], dtype: DType) -> Result<f64, String> 
     Ok(worst)
 }
 
+/// The largest error of a run's results against the interpreter's (`compare`), or the first
+/// element out of tolerance.
+fn worst_error(run: &Run, want: &[Tensor], b: &Bindings) -> Result<f64, String> {
+    let mut worst = 0f64;
+    for ((_, at), r) in run.phase.results.iter().zip(want) {
+        let gpu = gather(&bytes_of(run, at), at, b);
+        let reference: Vec<f64> = r.as_f32().unwrap().iter().map(|x| *x as f64).collect();
+        worst = worst.max(compare(&gpu, &reference, at.dtype)?);
+    }
+    Ok(worst)
+}
+
 /// The GiB of inputs a node's cut would need, when past what the host can make quickly (the
 /// 19 GiB of GLM-5's stacked experts): such nodes are not cut out at GLM-5's size.
 fn too_large(f: &Function, n: NodeIndex, b: &Bindings) -> Option<f64> {
@@ -1350,16 +1362,7 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
                     }
                 };
                 let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
-                let mut worst = Ok(0f64);
-                for ((_, at), r) in run.phase.results.iter().zip(&want) {
-                    let gpu = gather(&bytes_of(&run, at), at, &b);
-                    let reference: Vec<f64> =
-                        r.as_f32().unwrap().iter().map(|x| *x as f64).collect();
-                    worst = match (worst, compare(&gpu, &reference, at.dtype)) {
-                        (Ok(a), Ok(e)) => Ok(a.max(e)),
-                        (Err(e), _) | (_, Err(e)) => Err(e),
-                    };
-                }
+                let worst = worst_error(&run, &want, &b);
                 let kernel = launched(&run.phase, &b).join(",");
                 let t = timed(&run, &mini, &b, copy_gbs);
                 let err = match &worst {
@@ -1578,16 +1581,7 @@ fn glm5_skinny_gemm_variants_are_timed() {
             let mut best: Option<(f64, (u64, u64, u64))> = None;
             for &v in variants.iter() {
                 let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &tweak(v));
-                let mut worst = Ok(0f64);
-                for ((_, at), r) in run.phase.results.iter().zip(&want) {
-                    let gpu = gather(&bytes_of(&run, at), at, &b);
-                    let reference: Vec<f64> =
-                        r.as_f32().unwrap().iter().map(|x| *x as f64).collect();
-                    worst = match (worst, compare(&gpu, &reference, at.dtype)) {
-                        (Ok(a), Ok(e)) => Ok(a.max(e)),
-                        (Err(e), _) | (_, Err(e)) => Err(e),
-                    };
-                }
+                let worst = worst_error(&run, &want, &b);
                 let err = match &worst {
                     Ok(e) => format!("{e:.1e}"),
                     Err(e) => {
