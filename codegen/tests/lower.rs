@@ -489,6 +489,7 @@ fn indexer_scores_take_the_tensor_cores_in_bf16() {
     }
     for k in kernels_of(&l, "prefill", "dsa.score") {
         assert_eq!(k.template, "dsa_score_mma");
+        assert_eq!(k.params["rows"], "4");
     }
     // A decode of one sequence keeps the row-per-block kernel; from two, the persistent one.
     for (rows, template) in [
@@ -515,9 +516,6 @@ fn indexer_scores_take_the_tensor_cores_in_bf16() {
             !chosen.is_empty() && chosen.iter().all(|t| *t == template),
             "{rows} rows: {chosen:?}"
         );
-    }
-    for k in kernels_of(&l, "prefill", "dsa.score") {
-        assert_eq!(k.params["rows"], "4");
     }
     let tiny = lowered("tiny-sparse.ron", Target::Sm120);
     for k in kernels_of(&tiny, "prefill", "dsa.score") {
