@@ -76,6 +76,9 @@ pub struct NodeCtx<'a> {
     pub outputs: &'a [TensorRef],
     /// Cache capacity in tokens per sequence.
     pub max_context: u64,
+    /// The GPU the artifact is for: only a persistent grid's size depends on it (its tiles are
+    /// SM120's on every target).
+    pub target: Target,
     /// A prefill's `slot` input, where its `cache.update`s name one: the cache slot whose
     /// caches the node's cache operands are, read on the device so that a launch does not
     /// depend on it.

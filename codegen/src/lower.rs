@@ -173,6 +173,7 @@ struct ArenaBuffer {
 
 struct State<'a> {
     f: &'a Function,
+    target: Target,
     limits: Limits,
     bindings: Bindings,
     locs: HashMap<Value, Loc>,
@@ -401,6 +402,7 @@ pub fn lower_function(
     let order = f.canonical_order();
     let mut st = State {
         f,
+        target,
         limits,
         bindings: limits.bindings(&f.name),
         locs: HashMap::new(),
@@ -727,6 +729,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 operands: &operand_refs,
                 outputs: &output_refs,
                 max_context: st.limits.max_context,
+                target: st.target,
                 slot: st.slot(),
                 limits: &st.bindings,
                 sources: Default::default(),

@@ -53,6 +53,16 @@ impl Target {
         }
     }
 
+    /// Shared memory of one SM, in bytes, which its resident blocks share (CUDA C++ Programming
+    /// Guide, "Technical Specifications per Compute Capability": 228 KB for 9.0, 100 KB for 12.0;
+    /// each block also takes 1 KB of it for the system).
+    pub fn shared_memory_per_sm(self) -> u32 {
+        match self {
+            Target::Sm90 | Target::Sm90a => 228 * 1024,
+            Target::Sm120 | Target::Sm120a => 100 * 1024,
+        }
+    }
+
     /// The shared memory a kernel's tile may use on this target: SM120's 99 KiB everywhere, so
     /// the configuration tested on an H200 is the one an RTX PRO 6000 runs (Hopper's 227 KiB is
     /// only the ceiling of a later Hopper-specific variant).

@@ -2,7 +2,8 @@
 // {{ heads }} heads of {{ dim }} dims, −inf for j > position, f32 throughout. Each row reads a
 // cache of its own, so the work is a stream of keys against a query a row: bandwidth bound.
 //
-// The grid is persistent (a fixed count of blocks, two per SM of the H200): the rows' 128-key
+// The grid is persistent (as many blocks as the target's SMs hold at once: two per SM of the
+// H200, one on SM120): the rows' 128-key
 // tiles, taken in (row, key) order, are split into one contiguous run per block, so every block
 // streams about as many bytes, a block's run crosses a row boundary at most a few times, and a
 // short decode (one row of 8192 keys: 64 tiles) still spreads one tile per SM. Setup is per row,

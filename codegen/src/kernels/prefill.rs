@@ -196,10 +196,13 @@ pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
     ]))
 }
 
-/// Blocks of the decode indexer kernel: two per SM of the H200 (132 SMs; two blocks of 96 KiB
-/// fit its 228 KiB), so that the whole persistent grid is resident at once. On the RTX PRO 6000
-/// (188 SMs, one such block each) the last 76 run as a second wave.
-const SCORE_DECODE_BLOCKS: u64 = 2 * 132;
+/// Blocks of the decode indexer kernel: as many as the target's SMs hold at once, so that the
+/// whole persistent grid is resident (an H200: 2 × 132, two blocks of 96 KiB in its 228 KiB; an
+/// RTX PRO 6000: 188, one each in 100 KiB).
+fn score_decode_blocks(target: Target, shared: u64) -> u64 {
+    let per_sm = u64::from(target.shared_memory_per_sm()) / (shared + 1024);
+    u64::from(target.sm_count()) * per_sm.max(1)
+}
 /// Stages of its cp.async ring of key tiles.
 const SCORE_DECODE_STAGES: u64 = 3;
 /// Query registers a thread of it may hold (`heads × dim / 64`: GLM-5's 32 × 128 is 64).
@@ -234,7 +237,8 @@ fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Planned>, Stri
         .dtype("w_t", o.w.dtype)?
         .shared(shared as u32, true);
     let (b, args) = o.args(cx, b);
-    Ok(Some(b.planned(GridDim::fixed(SCORE_DECODE_BLOCKS), args)))
+    let blocks = score_decode_blocks(cx.target, shared);
+    Ok(Some(b.planned(GridDim::fixed(blocks), args)))
 }
 
 #[cfg(test)]
@@ -245,6 +249,13 @@ mod tests {
     fn tiles_of_a_multiple_of_64_are_swizzled_others_padded() {
         assert_eq!(tile_bytes(64, 256), 64 * 256 * 2);
         assert_eq!(tile_bytes(64, 48), 64 * (48 + 8) * 2);
+    }
+
+    #[test]
+    fn the_persistent_indexer_grid_is_what_each_target_holds_at_once() {
+        let shared = SCORE_DECODE_STAGES * tile_bytes(SCORE_KEYS, 128);
+        assert_eq!(score_decode_blocks(Target::Sm90a, shared), 264);
+        assert_eq!(score_decode_blocks(Target::Sm120a, shared), 188);
     }
 
     #[test]
