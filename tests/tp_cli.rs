@@ -42,6 +42,22 @@ fn logits(path: &Path) -> Vec<f32> {
         .collect()
 }
 
+/// The stderr of `glmc run DIR --device cuda --tp TP` on random weights, which must fail.
+fn cuda_run_failure(dir: &Path, tp: &str) -> String {
+    failure(&glmc(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--device",
+        "cuda",
+        "--tp",
+        tp,
+        "--random-weights",
+        "1",
+        "--prompt-ids",
+        "1,2",
+    ]))
+}
+
 #[test]
 fn run_on_tp_2_and_4_gives_the_single_device_tokens_and_logits() {
     same_tokens_and_logits("sparse", &["2", "4"]);
@@ -176,18 +192,7 @@ fn compile_with_tp_writes_every_rank_artifact_complete() {
     }
     // The whole model's artifact is there too, and one of another degree is refused.
     assert!(out.join("manifest.ron").is_file());
-    let stderr = failure(&glmc(&[
-        "run",
-        out.to_str().unwrap(),
-        "--device",
-        "cuda",
-        "--tp",
-        "4",
-        "--random-weights",
-        "1",
-        "--prompt-ids",
-        "1,2",
-    ]));
+    let stderr = cuda_run_failure(&out, "4");
     assert!(
         stderr.contains("rank 0 of --tp 2") && stderr.contains("asks for --tp 4"),
         "{stderr}"
@@ -202,18 +207,7 @@ fn a_rank_directory_holding_another_ranks_artifact_is_refused() {
     std::fs::rename(&zero, &swap).unwrap();
     std::fs::rename(&one, &zero).unwrap();
     std::fs::rename(&swap, &one).unwrap();
-    let stderr = failure(&glmc(&[
-        "run",
-        out.to_str().unwrap(),
-        "--device",
-        "cuda",
-        "--tp",
-        "2",
-        "--random-weights",
-        "1",
-        "--prompt-ids",
-        "1,2",
-    ]));
+    let stderr = cuda_run_failure(&out, "2");
     assert!(
         stderr
             .contains("rank0/manifest.ron: the artifact is rank 1 of --tp 2, where rank 0 belongs"),
@@ -225,18 +219,7 @@ fn a_rank_directory_holding_another_ranks_artifact_is_refused() {
 fn an_artifact_compiled_without_tp_is_refused_at_tp_2_with_the_fix() {
     let tmp = tempfile::tempdir().unwrap();
     let out = compile_tiny_sparse(tmp.path(), &[]);
-    let stderr = failure(&glmc(&[
-        "run",
-        out.to_str().unwrap(),
-        "--device",
-        "cuda",
-        "--tp",
-        "2",
-        "--random-weights",
-        "1",
-        "--prompt-ids",
-        "1,2",
-    ]));
+    let stderr = cuda_run_failure(&out, "2");
     assert!(
         stderr.contains("compiled without --tp; recompile it with glmc compile --tp 2"),
         "{stderr}"

@@ -141,7 +141,7 @@
     for (int u = tid; u < WARPS_N * MT * NT * 2 * 32; u += {{ threads }}) {
         const int l = u & 31, slot = (u >> 5) % (MT * NT * 2), un = (u >> 5) / (MT * NT * 2);
         const int half = slot & 1, tile = slot >> 1, mi = tile / NT, ni = tile % NT;
-        const int n0 = nt * BLOCK_N + un * BN;
+        const int un0 = nt * BLOCK_N + un * BN;
         const i64 r = m0 + mi * 16 + (l >> 2) + half * 8;
         if (mi >= mt || r >= rows) continue;
         float v0 = 0.f, v1 = 0.f;
@@ -151,11 +151,11 @@
             v1 += partial[un * WARPS_K + j][tile * 4 + half * 2 + 1][l];
         }
 {%- if argmax %}
-        const int c = n0 + ni * 8 + (l & 3) * 2;
+        const int c = un0 + ni * 8 + (l & 3) * 2;
         const unsigned long long key = max(argmax_key(v0, column(c)), argmax_key(v1, column(c + 1)));
         if (key != 0ull) atomicMax(&row_best[r - m0], key);
 {%- else %}
-        store2(y + r * y_row + h * y_head, n0 + ni * 8 + (l & 3) * 2, v0, v1, positions, r, rows_per_position);
+        store2(y + r * y_row + h * y_head, un0 + ni * 8 + (l & 3) * 2, v0, v1, positions, r, rows_per_position);
 {%- endif %}
     }
 {%- if argmax %}

@@ -629,8 +629,8 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
     for (name, m) in &modules {
         let l = lower_module(m, Target::Sm120, LIMITS).unwrap();
         assert!(l.programmatic_launch, "{name}");
+        // render refuses a kernel whose body does not open with the wait (or weights, then it).
         let source = render::render(&l.kernels).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(render::kernels_wait_first(&source), "{name}");
         assert_eq!(
             source.matches("__global__").count(),
             source.matches(GRID_DEPENDENCY_CONTROL).count(),

@@ -423,6 +423,16 @@ fn compare(gpu: &[f64], reference: &[f64], dtype: DType) -> Result<f64, String> 
     Ok(worst)
 }
 
+/// A GEMM weight's (heads, N, K): one matrix is one head.
+fn weight_shape(w: &TensorType) -> [u64; 3] {
+    let dims: Vec<u64> = w.shape.iter().map(|d| d.as_const().unwrap()).collect();
+    match dims.as_slice() {
+        [h, n, k] => [*h, *n, *k],
+        [n, k] => [1, *n, *k],
+        _ => unreachable!("a weight is a matrix or one per head"),
+    }
+}
+
 /// The largest error of a run's results against the interpreter's (`compare`), or the first
 /// element out of tolerance.
 fn worst_error(run: &Run, want: &[Tensor], b: &Bindings) -> Result<f64, String> {
@@ -1304,12 +1314,7 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
             let mut mm = Module::new("gemm");
             mm.functions.push(mini.clone());
             let w = &f.node(f.operands(n)[1].node).outputs[0];
-            let (heads, rows_n, k) = match w.shape.as_slice() {
-                [h, n, k] => (h, n, k),
-                [n, k] => (&glmc_ir::Dim::Const(1), n, k),
-                _ => unreachable!("a weight is a matrix or one per head"),
-            };
-            let [heads, n_cols, k] = [heads, rows_n, k].map(|d| d.as_const().unwrap());
+            let [heads, n_cols, k] = weight_shape(w);
             // Inputs whose first axis is the row symbol. A node whose output has no such axis (the
             // prefill's lm_head, which sees the last row) runs at one row.
             let per_row: Vec<bool> = {
@@ -1567,13 +1572,7 @@ fn glm5_skinny_gemm_variants_are_timed() {
     let mut failures = Vec::new();
     for (node, mini, mm, shipped, variants) in &cases {
         let n = f.find(node).unwrap();
-        let w = &f.node(f.operands(n)[1].node).outputs[0];
-        let dims: Vec<u64> = w.shape.iter().map(|d| d.as_const().unwrap()).collect();
-        let (heads, n_cols, k) = match dims.as_slice() {
-            [h, n, k] => (*h, *n, *k),
-            [n, k] => (1, *n, *k),
-            _ => unreachable!("a weight is a matrix or one per head"),
-        };
+        let [heads, n_cols, k] = weight_shape(&f.node(f.operands(n)[1].node).outputs[0]);
         for rows in [1u64, 8] {
             let b = Bindings::from([("b".into(), rows), ("t".into(), 4096)]);
             let ins = inputs(mini, &b, &mut rng, 154_880, 4096);
