@@ -1657,11 +1657,17 @@ fn mla_absorbed(
                 int("out_row", out_row.clone()),
                 int("out_head", out_head.clone()),
                 cx.scratch_ptr("part", part.expect("a scratch for the split ranges")),
+                cx.ptr("positions", positions),
                 int("rows", rows.clone()),
                 int("splits", Poly::constant(tier.splits as i64)),
             ];
             let grid = GridDim::one_block_each(rows.scale(heads as i64));
-            let mut planned = spec("mla_merge", MLA_MERGE_THREADS).planned(grid, args);
+            // The merge counts a row's keys as the first kernel does (mla_split.cuh).
+            let mut merge = spec("mla_merge", MLA_MERGE_THREADS).param("sparse", sparse);
+            if let Some((_, _, k)) = &topk {
+                merge = merge.param("topk", k).param("dense_until", dense_until);
+            }
+            let mut planned = merge.planned(grid, args);
             planned.when = when;
             launches.push((planned, cx.sources.take()));
         }

@@ -34,6 +34,7 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("matmul", include_str!("../templates/matmul.cu")),
     ("mla_absorbed", include_str!("../templates/mla_absorbed.cu")),
     ("mla_merge", include_str!("../templates/mla_merge.cu")),
+    ("mla_split.cuh", include_str!("../templates/mla_split.cuh")),
     ("moe_combine", include_str!("../templates/moe_combine.cu")),
     ("moe_experts", include_str!("../templates/moe_experts.cu")),
     ("moe_gemm_mma", include_str!("../templates/moe_gemm_mma.cu")),

@@ -39,10 +39,14 @@
 // Splits: tile range [0, ceil(keys / 32)) divided evenly among `splits` blocks of the row, the
 // count read from the position on the device, so the grid depends on the row count alone (one
 // CUDA graph serves every decode step).{% if direct %} This is the one-split variant: it
-// normalises and writes the output itself.{% else %} Each split writes its normalised partial O
-// and its log-sum-exp (base 2; −inf for a split without keys) to the scratch `part`:
-// O as [rows][splits][{{ heads }}][512] f32, then lse as [rows][splits][{{ heads }}]; the merge
-// kernel combines them.{% endif %}
+// normalises and writes the output itself.{% else %} Each split that holds keys writes its
+// normalised partial O and its log-sum-exp (base 2; −inf where no key was visible) to the
+// scratch `part`: O as [rows][splits][{{ heads }}][512] f32, then lse as [rows][splits][{{ heads }}];
+// the merge kernel combines them. Splits past the row's last tile (half of them at a 1k
+// context and batch 1) return at once: loading the queries and writing an lse for the merge
+// to skip cost them a block's latency, and the merge read their stale 128 KiB of O from DRAM
+// (8 MiB of a 7 µs merge at one key, Nsight Compute on an H200,
+// tests/gpu/results/2026-12-01r/call0).{% endif %}
 extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
 {%- if direct %}
     bf16* __restrict__ out, i64 out_row, i64 out_head,
@@ -70,9 +74,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8, VECS = D / 8;
     constexpr int HEADS = {{ heads }}, HG = {{ hg }}, GROUPS = HEADS / HG;
     constexpr int BN = 32, LDP = BN + 8, THREADS = 256;
-{%- if sparse %}
-    constexpr i64 TOPK = {{ topk }}, DENSE_UNTIL = {{ dense_until }};
-{%- endif %}
     // [16][LDK] queries, [2][BN][LDK] keys, [2][16][BN] score halves, [16][LDP] probabilities,
     // per row: correction, sum and max, per key of a stage: whether it is visible. The 8-element
     // pad of a row (1168 and 80 bytes) puts the eight rows an ldmatrix phase reads on distinct
@@ -91,17 +92,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     const i64 split = (blk / GROUPS) % splits;
     const i64 row = blk / GROUPS / splits;
     if (row >= rows) return;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const i64 pos = positions[row];
-{%- if sparse %}
-    const bool listed = pos + 1 > DENSE_UNTIL;
-    const i64 keys = listed ? TOPK : pos + 1;
-    const i64* const list = topk + row * topk_row;
-{%- else %}
-    const i64 keys = pos + 1;
-{%- endif %}
-    const i64 tiles = (keys + BN - 1) / BN, per = (tiles + splits - 1) / splits;
+{% include "mla_split.cuh" %}
+    static_assert(BN == 32, "mla_split.cuh tiles the keys by 32");
+    // A split past the row's keys has nothing to write: the merge reads only the first `used`.
+    if (split >= used) return;
     const i64 t0 = split * per, t1 = min(tiles, t0 + per);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+{%- if sparse %}
+    const bool listed = pos + 1 > {{ dense_until }};  // as mla_split.cuh counts the keys
+    const i64* const list = topk + row * topk_row;
+{%- endif %}
 
     // Head r of the group in row r of qs; rows past HG (8 heads) are zeros.
     for (int v = tid; v < 16 * VECS; v += THREADS) {
@@ -247,7 +247,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
 
     // Accumulator e of an m16n8 tile is head row g + (e / 2)·8, column t4·2 + e % 2.{% if not direct %}
     // A head that saw no key writes no partial O: its lse is −inf and the merge gives it weight 0
-    // without using the O it reads (a split past the keys of a short row writes only its lse).{% endif %}
+    // without using the O it reads (a split whose keys are all hidden: −1 entries, or past the
+    // position).{% endif %}
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = g + half * 8;
