@@ -939,10 +939,11 @@ pub const TILED_GEMM: TiledGemm = TiledGemm {
 
 /// The tiles the sweep times besides [`TILED_GEMM`]. 64 × 64 warp tiles read shared memory a
 /// third less per MMA than 32 × 64 ones (8 ldmatrix.x4 for 32 MMAs against 6 for 16): 4 warps
-/// on 128 × 128 (two blocks an SM, 255 registers), 8 on 128 × 256 or 256 × 128 (one block).
-/// K steps of 64 halve the barriers and waits per MMA (with 32 × 64 warps at 128 registers
-/// they spill: 44 bytes on sm_90a). Grouping 8 row tiles keeps a weight tile in L2 while 8 row
-/// tiles read it.
+/// on 128 × 128 (two blocks an SM, 231–254 registers), 8 on 128 × 256 or 256 × 128 (one block).
+/// Grouping 8 row tiles keeps a weight tile in L2 while 8 row tiles read it; 3 stages (48 KiB)
+/// let SM120 hold two blocks. K steps of 64 (`bk`, half the barriers per MMA) spill with either
+/// warp tile: 44 bytes on sm_90a at 32 × 64 (128 registers), 8 bytes on sm_120a at 64 × 64
+/// (255), the 16 copies' addresses a stage the difference.
 pub const TILED_GEMM_VARIANTS: [TiledGemm; 7] = {
     let t = TILED_GEMM;
     let wide = TiledGemm {
@@ -950,27 +951,19 @@ pub const TILED_GEMM_VARIANTS: [TiledGemm; 7] = {
         warps_n: 2,
         ..t
     };
+    let long = TiledGemm {
+        bn: 256,
+        warps_n: 4,
+        min_blocks: 1,
+        ..wide
+    };
     [
         wide,
         TiledGemm { group: 8, ..wide },
-        TiledGemm {
-            bk: 64,
-            stages: 3,
-            ..wide
-        },
-        TiledGemm {
-            bk: 64,
-            stages: 3,
-            group: 8,
-            ..wide
-        },
+        TiledGemm { stages: 3, ..wide },
         TiledGemm { stages: 6, ..wide },
-        TiledGemm {
-            bn: 256,
-            warps_n: 4,
-            min_blocks: 1,
-            ..wide
-        },
+        long,
+        TiledGemm { group: 8, ..long },
         TiledGemm {
             bm: 256,
             warps_m: 4,

@@ -44,8 +44,11 @@
     // copies X_VECS 16-byte vectors of x and W_VECS of w per stage. Rows without data read
     // nothing and land as zeros.
     const int cc = tid % CHUNKS * 8;
+    // A head's weight rows as 32-bit offsets from its first: a register a copy, not two.
+    static_assert((long long)N * K < (1ll << 31), "a head's weight addressed in 32 bits");
+    const bf16* const wh = w + (i64)h * N * K;
     const bf16* xs[X_VECS];
-    const bf16* ws[W_VECS];
+    int ws[W_VECS];
     bool x_ok[X_VECS], w_ok[W_VECS];
 #pragma unroll
     for (int i = 0; i < X_VECS; ++i) {
@@ -57,7 +60,7 @@
     for (int i = 0; i < W_VECS; ++i) {
         const int c = column(n0 + (tid + i * THREADS) / CHUNKS);
         w_ok[i] = c >= 0;
-        ws[i] = w + (i64)h * N * K + (w_ok[i] ? (i64)c * K : 0) + cc;
+        ws[i] = (w_ok[i] ? c * K : 0) + cc;
     }
     // Copy i lands THREADS / CHUNKS rows (a multiple of 8, where tile_at's swizzle repeats)
     // below copy 0.
@@ -71,13 +74,15 @@
                        x_ok[i] && in_k);
 #pragma unroll
         for (int i = 0; i < W_VECS; ++i)
-            cp_async16(&sw[stage * BN * BK + at + i * (THREADS / CHUNKS) * BK], w_ok[i] && in_k ? ws[i] + k0 : w,
+            cp_async16(&sw[stage * BN * BK + at + i * (THREADS / CHUNKS) * BK], w_ok[i] && in_k ? wh + ws[i] + k0 : w,
                        w_ok[i] && in_k);
     };
 
-    // Fragments double buffered where the accumulators, both buffers and ~40 registers of
-    // addresses and indices fit the registers a thread may have at {{ min_blocks }} block(s) an SM.
-    constexpr int BUFS = MI * NI * 4 + 2 * (MI * 4 + NI * 2) + 40 <= 65536 / ({{ min_blocks }} * THREADS) ? 2 : 1;
+    // Fragments double buffered where the accumulators, both buffers, the copies' pointers and
+    // ~40 registers of indices fit the registers a thread may have at {{ min_blocks }} block(s) an
+    // SM (64 × 64 warps with K steps of 64, 16 pointers, spilled 16 bytes on sm_120a).
+    constexpr int BUFS =
+        MI * NI * 4 + 2 * (MI * 4 + NI * 2) + 2 * (X_VECS + W_VECS) + 40 <= 65536 / ({{ min_blocks }} * THREADS) ? 2 : 1;
     float acc[MI][NI][4];
     mma_mainloop<BM, BN, BK, STAGES, MI, NI, BUFS>(acc, sx, sw, STEPS, wm, wn, lane, load);
 
