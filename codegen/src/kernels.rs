@@ -79,6 +79,8 @@ pub struct NodeCtx<'a> {
     /// The GPU the artifact is for: only a persistent grid's size depends on it (its tiles are
     /// SM120's on every target).
     pub target: Target,
+    /// The tile of the tiled tensor-core GEMM ([`TILED_GEMM`], or a variant being timed).
+    pub tiled_gemm: TiledGemm,
     /// A prefill's `slot` input, where its `cache.update`s name one: the cache slot whose
     /// caches the node's cache operands are, read on the device so that a launch does not
     /// depend on it.
@@ -829,6 +831,7 @@ struct RopeColumns {
 
 /// A GEMM kernel and the output tile one block computes; the template fixes the tile, this
 /// mirrors it for the launch shape and the shared-memory check.
+#[derive(Clone, Copy)]
 struct GemmTile {
     template: &'static str,
     rows: u64,
@@ -836,9 +839,11 @@ struct GemmTile {
     /// Shared memory a block uses, and whether it is dynamic (over 48 KiB needs that).
     shared: u32,
     dynamic: bool,
-    /// Template parameters that shape the tile (for the tiled GEMM: its warps, pipeline stages
-    /// and the blocks an SM should hold, which bounds registers).
+    /// Template parameters that shape the tile.
     params: &'static [(&'static str, u64)],
+    /// The tiled GEMM's tile, whose fields are its template parameters and give its threads
+    /// and shared memory (`rows`, `cols` and `shared` then repeat them).
+    tiled: Option<TiledGemm>,
 }
 
 /// Any dtype, any shape: f32 FMA on 64 × 64 tiles (`matmul.cu`).
@@ -849,27 +854,138 @@ const SIMT_GEMM: GemmTile = GemmTile {
     shared: 2 * 16 * 68 * 4,
     dynamic: false,
     params: &[],
+    tiled: None,
 };
-/// bf16 on the tensor cores, 128 × 128 tiles (8 warps of 32 × 64) through a 4-stage cp.async
-/// ring (`gemm_mma.cu`): 80 KiB of shared memory. Measured on an H200 against 128 × 256 tiles of
-/// 64 × 64 warps in 3 stages (90 KiB; tests/gpu/results/2026-12-01e-tile128x256): this one is
-/// 4–30% faster on every GLM-5 prefill projection. Two blocks may share an SM where shared
-/// memory allows (an H200; not SM120's 100 KiB), so registers are held to 128 a thread.
-const TILED_GEMM: GemmTile = GemmTile {
-    template: "gemm_mma",
-    rows: 128,
-    cols: 128,
-    shared: 4 * (128 + 128) * (32 + 8) * 2,
-    dynamic: true,
-    params: &[
-        ("bm", 128),
-        ("bn", 128),
-        ("warps_m", 4),
-        ("warps_n", 2),
-        ("stages", 4),
-        ("min_blocks", 2),
-    ],
+/// A tile of the tiled tensor-core GEMM (`gemm_mma.cu`), each field one of its template
+/// parameters: `bm × bn` outputs a block on `warps_m × warps_n` warps (each of
+/// `bm / warps_m × bn / warps_n`), K in steps of `bk` (32 or 64) through a `stages`-deep
+/// cp.async ring, `min_blocks` blocks an SM asked of ptxas (registers are held to
+/// 65536 / (min_blocks · threads)), and `group` row tiles walked down before the blocks move
+/// one tile right.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TiledGemm {
+    pub bm: u64,
+    pub bn: u64,
+    pub warps_m: u64,
+    pub warps_n: u64,
+    pub bk: u64,
+    pub stages: u64,
+    pub min_blocks: u64,
+    pub group: u64,
+}
+
+impl TiledGemm {
+    pub fn threads(&self) -> u32 {
+        (32 * self.warps_m * self.warps_n) as u32
+    }
+
+    /// Shared memory a block uses for an output of `y`: the ring of operand tiles, or the
+    /// output tile staged for 16-byte stores (rows one 16-byte vector longer) where larger.
+    pub fn shared_bytes(&self, y: DType) -> u32 {
+        let ring = self.stages * (self.bm + self.bn) * self.bk * 2;
+        let size = y.size_bytes();
+        let staged = self.bm * (self.bn + 16 / size) * size;
+        ring.max(staged) as u32
+    }
+
+    fn params(&self) -> [(&'static str, u64); 8] {
+        [
+            ("bm", self.bm),
+            ("bn", self.bn),
+            ("warps_m", self.warps_m),
+            ("warps_n", self.warps_n),
+            ("bk", self.bk),
+            ("stages", self.stages),
+            ("min_blocks", self.min_blocks),
+            ("group", self.group),
+        ]
+    }
+}
+
+impl std::fmt::Display for TiledGemm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}x{} w{}x{} k{} s{} b{} g{}",
+            self.bm,
+            self.bn,
+            self.warps_m,
+            self.warps_n,
+            self.bk,
+            self.stages,
+            self.min_blocks,
+            self.group
+        )
+    }
+}
+
+/// The tiled GEMM's tile: 128 × 128 on 8 warps of 32 × 64 through a 4-stage ring of K steps of
+/// 32 (64 KiB of swizzled tiles). Measured on an H200 against 128 × 256 tiles of 64 × 64 warps
+/// in 3 stages (padded rows, tests/gpu/results/2026-12-01e-tile128x256): this one was 4–30%
+/// faster on every GLM-5 prefill projection, but at 43% of the mma.sync ceiling, which the
+/// sweep of [`TILED_GEMM_VARIANTS`] (`glm5_tiled_gemm_variants_are_timed`) is to beat. Two
+/// blocks may share an SM where shared memory allows (an H200; not SM120's 100 KiB), so
+/// registers are held to 128 a thread.
+pub const TILED_GEMM: TiledGemm = TiledGemm {
+    bm: 128,
+    bn: 128,
+    warps_m: 4,
+    warps_n: 2,
+    bk: 32,
+    stages: 4,
+    min_blocks: 2,
+    group: 1,
 };
+
+/// The tiles the sweep times besides [`TILED_GEMM`]. 64 × 64 warp tiles read shared memory a
+/// third less per MMA than 32 × 64 ones (8 ldmatrix.x4 for 32 MMAs against 6 for 16): 4 warps
+/// on 128 × 128 (two blocks an SM, 231–254 registers), 8 on 128 × 256 or 256 × 128 (one block).
+/// Grouping 8 row tiles keeps a weight tile in L2 while 8 row tiles read it; 3 stages (48 KiB)
+/// let SM120 hold two blocks. K steps of 64 (`bk`, half the barriers per MMA) spill with either
+/// warp tile: 44 bytes on sm_90a at 32 × 64 (128 registers), 8 bytes on sm_120a at 64 × 64
+/// (255), the 16 copies' addresses a stage the difference.
+pub const TILED_GEMM_VARIANTS: [TiledGemm; 7] = {
+    let t = TILED_GEMM;
+    let wide = TiledGemm {
+        warps_m: 2,
+        warps_n: 2,
+        ..t
+    };
+    let long = TiledGemm {
+        bn: 256,
+        warps_n: 4,
+        min_blocks: 1,
+        ..wide
+    };
+    [
+        wide,
+        TiledGemm { group: 8, ..wide },
+        TiledGemm { stages: 3, ..wide },
+        TiledGemm { stages: 6, ..wide },
+        long,
+        TiledGemm { group: 8, ..long },
+        TiledGemm {
+            bm: 256,
+            warps_m: 4,
+            min_blocks: 1,
+            ..wide
+        },
+    ]
+};
+
+const fn tiled(v: TiledGemm) -> GemmTile {
+    GemmTile {
+        template: TILED_TEMPLATE,
+        rows: v.bm,
+        cols: v.bn,
+        shared: 0,
+        dynamic: true,
+        params: &[],
+        tiled: Some(v),
+    }
+}
+
+const TILED_TEMPLATE: &str = "gemm_mma";
 
 /// bf16 on the tensor cores for a few rows: 64 × 16 tiles, split-K over 8 warps, two chunks of
 /// weight loads in flight per warp (`gemm_skinny.cu`).
@@ -886,6 +1002,7 @@ const SKINNY_GEMM: GemmTile = GemmTile {
         ("prefetch", 0),
         ("warps_k", 8),
     ],
+    tiled: None,
 };
 
 /// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
@@ -912,6 +1029,7 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
         ("prefetch", 256),
         ("warps_k", 8),
     ],
+    tiled: None,
 };
 
 /// The 16-row one for a narrow weight: 8 columns a block, so twice the blocks. Four chunks in
@@ -933,6 +1051,7 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
         ("prefetch", 256),
         ("warps_k", 8),
     ],
+    tiled: None,
 };
 
 /// The 16-row one for a short K (at most 8 chunks of 32: GLM-5's per-head q_absorbed, K = 192):
@@ -955,6 +1074,7 @@ const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
         ("prefetch", 256),
         ("warps_k", 1),
     ],
+    tiled: None,
 };
 
 /// The same for K up to 16 chunks (the per-head attn product, K = 512: 7.8–9.2 µs split 8 ways,
@@ -973,6 +1093,7 @@ const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
         ("prefetch", 256),
         ("warps_k", 2),
     ],
+    tiled: None,
 };
 
 /// Columns (over all heads) below which a weight is narrow and takes [`SKINNY_GEMM_16_NARROW`]
@@ -992,6 +1113,7 @@ const SIMT_GEMV: GemmTile = GemmTile {
     shared: 0,
     dynamic: false,
     params: &[("split", 1)],
+    tiled: None,
 };
 
 /// The same for a narrow weight: the block's 8 warps split K for one column pair, so a weight of
@@ -1003,6 +1125,7 @@ const SIMT_GEMV_SPLIT: GemmTile = GemmTile {
     shared: 0,
     dynamic: false,
     params: &[("split", 8)],
+    tiled: None,
 };
 
 /// A weight's output columns over all its heads (every axis but K), where they are constant.
@@ -1028,7 +1151,14 @@ fn many_rows(rows: &Poly) -> bool {
 /// else (a decode's batch, the prefill's last rows) a skinny one; both
 /// on the tensor cores where the operands are bf16, K is a multiple of 8 and rows are 16-byte
 /// aligned, else (f32 validation runs, the f32 router) in f32 FMA.
-fn gemm_tile(x: &TensorRef, w: &TensorRef, xl: &Lead, x_head: &Poly, k: u64) -> &'static GemmTile {
+fn gemm_tile(
+    x: &TensorRef,
+    w: &TensorRef,
+    xl: &Lead,
+    x_head: &Poly,
+    k: u64,
+    tiled_gemm: TiledGemm,
+) -> GemmTile {
     let bf16 = x.dtype == DType::BF16 && w.dtype == DType::BF16;
     let aligned = [&xl.row_stride, &xl.outer_stride, x_head]
         .iter()
@@ -1036,11 +1166,11 @@ fn gemm_tile(x: &TensorRef, w: &TensorRef, xl: &Lead, x_head: &Poly, k: u64) -> 
         && x.offset_bytes.divisible_by(16);
     let tensor_cores = bf16 && aligned && k.is_multiple_of(8);
     match (tensor_cores, many_rows(&xl.rows)) {
-        (true, true) => &TILED_GEMM,
-        (true, false) => &SKINNY_GEMM,
-        (false, true) => &SIMT_GEMM,
-        (false, false) if is_narrow(w) => &SIMT_GEMV_SPLIT,
-        (false, false) => &SIMT_GEMV,
+        (true, true) => tiled(tiled_gemm),
+        (true, false) => SKINNY_GEMM,
+        (false, true) => SIMT_GEMM,
+        (false, false) if is_narrow(w) => SIMT_GEMV_SPLIT,
+        (false, false) => SIMT_GEMV,
     }
 }
 
@@ -1058,16 +1188,16 @@ const NARROW_GEMM_ROWS: i64 = 16;
 fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowering, String> {
     let (mut wide, rows) = matmul(cx, heads, rope, None, None)?;
     let template = wide.spec.template;
-    if template != TILED_GEMM.template && template != SKINNY_GEMM.template {
+    if template != TILED_TEMPLATE && template != SKINNY_GEMM.template {
         return Ok(Lowering::Launch(wide));
     }
     let wide_sources = cx.sources.take();
     let w = &cx.operands[1];
     let narrow_tile = match const_dim(w, w.shape.len() - 1, "the weight")?.div_ceil(32) {
-        0..=8 => &SKINNY_GEMM_16_SHORT_K,
-        9..=16 => &SKINNY_GEMM_16_MID_K,
-        _ if is_narrow(w) => &SKINNY_GEMM_16_NARROW,
-        _ => &SKINNY_GEMM_16,
+        0..=8 => SKINNY_GEMM_16_SHORT_K,
+        9..=16 => SKINNY_GEMM_16_MID_K,
+        _ if is_narrow(w) => SKINNY_GEMM_16_NARROW,
+        _ => SKINNY_GEMM_16,
     };
     let (mut narrow, _) = matmul(cx, heads, rope, Some(narrow_tile), None)?;
     let narrow_sources = cx.sources.take();
@@ -1092,7 +1222,7 @@ fn matmul(
     cx: &NodeCtx,
     heads: bool,
     rope: Option<&RopeColumns>,
-    tile: Option<&'static GemmTile>,
+    tile: Option<GemmTile>,
     argmax: Option<Scratch>,
 ) -> Result<(Planned, Poly), String> {
     let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
@@ -1122,14 +1252,22 @@ fn matmul(
     if y_rows != xl.rows {
         return Err(format!("x has {} rows, the output {y_rows}", xl.rows));
     }
-    let tile = tile.unwrap_or_else(|| gemm_tile(x, w, &xl, &x_head, k));
+    let tile = tile.unwrap_or_else(|| gemm_tile(x, w, &xl, &x_head, k, cx.tiled_gemm));
     let mut cols = n;
     // Under argmax the logits are rounded to the dtype the unfused matmul stores them in.
-    let (y_dtype, shared) = match argmax {
-        Some(_) => (x.dtype, tile.shared + tile.rows as u32 * 8),
-        None => (y.dtype, tile.shared),
+    let y_dtype = match argmax {
+        Some(_) => x.dtype,
+        None => y.dtype,
     };
-    let mut b = Builder::new(tile.template, 256)
+    let (threads, shared) = match tile.tiled {
+        Some(v) => (v.threads(), v.shared_bytes(y_dtype)),
+        None => (256, tile.shared),
+    };
+    let shared = match argmax {
+        Some(_) => shared + tile.rows as u32 * 8,
+        None => shared,
+    };
+    let mut b = Builder::new(tile.template, threads)
         .param("op", cx.node.op.name())
         .param("k", k)
         .param("n", n)
@@ -1142,7 +1280,8 @@ fn matmul(
     if argmax.is_some() {
         b = b.param("argmax", true);
     }
-    for (k, v) in tile.params {
+    let tiled_params = tile.tiled.map(|t| t.params());
+    for (k, v) in tile.params.iter().chain(tiled_params.iter().flatten()) {
         b = b.param(k, v);
     }
     if tile.template == SIMT_GEMV.template {
@@ -1239,9 +1378,9 @@ fn gemm_argmax(cx: &NodeCtx) -> Result<Lowering, String> {
     let best = cx.scratch(DType::I64, rows.clone());
     let xl = lead(x, 1, "x")?;
     let k = const_dim(w, 1, "the weight")?;
-    let tile = match gemm_tile(x, w, &xl, &Poly::zero(), k).template {
-        t if t == SKINNY_GEMM.template || t == TILED_GEMM.template => &SKINNY_GEMM,
-        _ => &SIMT_GEMV,
+    let tile = match gemm_tile(x, w, &xl, &Poly::zero(), k, cx.tiled_gemm).template {
+        t if t == SKINNY_GEMM.template || t == TILED_TEMPLATE => SKINNY_GEMM,
+        _ => SIMT_GEMV,
     };
     let stage = |stage: &str| {
         Builder::new("gemm_argmax", ARGMAX_THREADS)
@@ -1994,7 +2133,7 @@ const MOE_SKINNY_ROWS: u64 = 8;
 const MOE_SKINNY_COLS: u64 = 16;
 /// Row and column tile of the tensor-core grouped GEMM (`moe_gemm_mma.cu`), its shared memory.
 const MOE_MMA_TILE: u64 = 128;
-const MOE_MMA_SHARED: u32 = 4 * (128 + 128) * (32 + 8) * 2;
+const MOE_MMA_SHARED: u32 = 4 * (128 + 128) * 32 * 2;
 
 /// `moe.gate_up` (`swiglu`: x gathered through `order`, gate and up weights) and `moe.down`:
 /// the tensor-core tiled kernel for the prefill's many rows in bf16, else the skinny FMA one.

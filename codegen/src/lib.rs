@@ -19,5 +19,5 @@ pub mod render;
 pub mod schedule;
 pub mod target;
 
-pub use lower::{lower_module, Limits, LowerError, Lowered};
+pub use lower::{lower_module, lower_module_with, Limits, LowerError, Lowered};
 pub use target::{Target, TargetError};

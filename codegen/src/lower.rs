@@ -29,7 +29,7 @@ use glmc_passes::plan_memory::{decode_bindings, place, Live};
 use sha2::{Digest, Sha256};
 
 use crate::expr::{Bindings, Poly};
-use crate::kernels::{self, Lowering, NodeCtx, Planned, Source};
+use crate::kernels::{self, Lowering, NodeCtx, Planned, Source, TiledGemm, TILED_GEMM};
 use crate::layout::{Buf, TensorRef};
 use crate::schedule::{ArgValue, Collective, CollectiveOp, Kernel, Launch, Phase, Step};
 use crate::target::Target;
@@ -110,10 +110,21 @@ pub fn lower_module(
     target: Target,
     limits: Limits,
 ) -> Result<Lowered, LowerError> {
+    lower_module_with(module, target, limits, TILED_GEMM)
+}
+
+/// [`lower_module`] with `tiled_gemm` as the tile of every tiled tensor-core GEMM (a variant
+/// that a sweep times against the shipped [`TILED_GEMM`]).
+pub fn lower_module_with(
+    module: &Module,
+    target: Target,
+    limits: Limits,
+    tiled_gemm: TiledGemm,
+) -> Result<Lowered, LowerError> {
     let mut kernels = KernelTable::default();
     let mut phases = Vec::new();
     for f in &module.functions {
-        phases.push(lower_function(f, target, limits, &mut kernels)?);
+        phases.push(lower_function(f, target, limits, tiled_gemm, &mut kernels)?);
     }
     Ok(Lowered {
         target,
@@ -175,6 +186,7 @@ struct State<'a> {
     f: &'a Function,
     target: Target,
     limits: Limits,
+    tiled_gemm: TiledGemm,
     bindings: Bindings,
     locs: HashMap<Value, Loc>,
     buffers: Vec<ArenaBuffer>,
@@ -397,6 +409,7 @@ pub fn lower_function(
     f: &Function,
     target: Target,
     limits: Limits,
+    tiled_gemm: TiledGemm,
     kernels: &mut KernelTable,
 ) -> Result<Phase, LowerError> {
     let order = f.canonical_order();
@@ -404,6 +417,7 @@ pub fn lower_function(
         f,
         target,
         limits,
+        tiled_gemm,
         bindings: limits.bindings(&f.name),
         locs: HashMap::new(),
         buffers: Vec::new(),
@@ -730,6 +744,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 outputs: &output_refs,
                 max_context: st.limits.max_context,
                 target: st.target,
+                tiled_gemm: st.tiled_gemm,
                 slot: st.slot(),
                 limits: &st.bindings,
                 sources: Default::default(),

@@ -98,6 +98,7 @@ pub fn render(kernels: &[Kernel]) -> Result<String, RenderError> {
         let mut cx = Context::new();
         cx.insert("name", &k.name);
         cx.insert("threads", &k.threads);
+        cx.insert("shared_bytes", &k.shared_bytes);
         for (key, value) in &k.params {
             match value.as_str() {
                 "true" => cx.insert(key.clone(), &true),

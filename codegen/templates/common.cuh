@@ -33,6 +33,11 @@ __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void st(float* p, float v) { *p = v; }
 __device__ __forceinline__ void st(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+// Two adjacent elements as one store (p aligned to two of them).
+__device__ __forceinline__ void st2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+__device__ __forceinline__ void st2(bf16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
 
 // The value `v` would have once stored as T and loaded back (a rounding point of the graph).
 template <typename T> __device__ __forceinline__ float rnd(float v);
@@ -165,49 +170,87 @@ template <int MI, int NI> __device__ __forceinline__ void zero_tiles(float (&acc
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
 }
 
-// The main loop of the tiled tensor-core GEMMs (gemm_mma, moe_gemm_mma): `steps` K steps of 32
+// Where element k (a multiple of 8) of row `row` of a shared-memory operand tile of BK-wide rows
+// lives: rows BK elements apart, unpadded, and 16-byte chunk c of a row stored at chunk
+// c ^ f(row), f(row) = row % 8 for 128-byte rows (BK = 64) and (row / 2) % 4 for 64-byte rows
+// (BK = 32). The eight 16-byte rows an ldmatrix phase reads (eight consecutive rows, the first a
+// multiple of 8, at one chunk) then fall on eight distinct 16-byte bank groups, as the 8-element
+// row pad did, without its 25% more shared memory; the copies that fill a row write each bank
+// group once.
+template <int BK> __device__ __forceinline__ int tile_at(int row, int k) {
+    constexpr int CHUNKS = BK / 8;
+    static_assert(CHUNKS == 4 || CHUNKS == 8, "tiles of 32 or 64 elements of K");
+    const int f = row / (8 / CHUNKS) % CHUNKS;
+    return row * BK + (((k >> 3) ^ f) << 3);
+}
+
+// The main loop of the tiled tensor-core GEMMs (gemm_mma, moe_gemm_mma): `steps` K steps of BK
 // through a STAGES-deep cp.async ring, where `load(stage, k0)` issues one stage's copies of the
-// x tile into sx[stage] and the weight tile into sw[stage] (rows LDS elements apart), and the
-// warp at (wm, wn) multiplies each landed stage into its MI × NI m16n8 accumulator tiles. The
-// 8-element row pad (LDS = 40, 80-byte rows) puts the eight 16-byte rows an ldmatrix phase
-// reads on distinct banks.
-template <int BM, int BN, int STAGES, int MI, int NI, typename Load>
+// x tile into sx[stage] and the weight tile into sw[stage] (laid out by tile_at), and the warp
+// at (wm, wn) multiplies each landed stage into its MI × NI m16n8 accumulator tiles.
+// One __syncthreads and one cp.async wait a step: at the last 16-wide slice of step s the warp
+// waits for tile s + 1 and the barrier, which also proves every warp done with step s - 1's
+// stage, the one the copies issued at the start of step s + 1 overwrite. With BUFS = 2 the
+// fragments are double buffered: the ldmatrix of slice j + 1 (across the step boundary: of the
+// next tile) is issued before the MMAs of slice j, so the MMAs wait on no shared-memory load of
+// their own; that costs 4·MI + 2·NI registers, which a 32 × 64 warp tile held to 128 registers
+// (two blocks of 256 threads an SM) does not have: it spilled 76 bytes on sm_90a.
+template <int BM, int BN, int BK, int STAGES, int MI, int NI, int BUFS, typename Load>
 __device__ __forceinline__ void mma_mainloop(float (&acc)[MI][NI][4], const bf16* sx, const bf16* sw,
                                              int steps, int wm, int wn, int lane, Load&& load) {
-    constexpr int BK = 32, LDS = BK + 8;
+    constexpr int SLICES = BK / 16;
+    static_assert(STAGES >= 2 && SLICES % 2 == 0, "a ring of two stages or more, K steps of 32 or 64");
+    static_assert(BUFS == 1 || BUFS == 2, "single or double buffered fragments");
     zero_tiles(acc);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < steps) load(s, s * BK);
         cp_async_commit();
     }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    // A: lanes 0-15 address rows 0-15 at k, lanes 16-31 the same rows at k + 8 (a0..a3).
+    // B: each x4 holds (b0, b1) of two 8-column tiles: lanes 0-7 columns 0-7 at k, 8-15 the same
+    // at k + 8, 16-31 columns 8-15.
+    // Slice j of a lane's row at k0 (0 or 8) is tile_at(row, k0) ^ (j << 4): k0 / 8 + 2j is
+    // k0 / 8 ^ 2j, and bit 4 (and 5 for BK = 64) of row · BK is clear; 16 rows further is
+    // 16 · BK further (f repeats every 8 rows). So a lane keeps two offsets, not one a slice.
+    const int a_at = tile_at<BK>(wm * MI * 16 + (lane & 15), (lane >> 4) * 8);
+    const int b_at = tile_at<BK>(wn * NI * 8 + (lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8);
+    unsigned a[BUFS][MI][4], b[BUFS][NI / 2][4];
+    auto fragments = [&](int buf, int stage, int j) {
+        const bf16* tx = sx + stage * BM * BK + (a_at ^ (j << 4));
+        const bf16* tw = sw + stage * BN * BK + (b_at ^ (j << 4));
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[buf][mi], tx + mi * 16 * BK);
+#pragma unroll
+        for (int nj = 0; nj < NI / 2; ++nj) ldmatrix_x4(b[buf][nj], tw + nj * 16 * BK);
+    };
+    auto mmas = [&](int buf) {
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni)
+                mma_bf16(acc[mi][ni], a[buf][mi], b[buf][ni >> 1][(ni & 1) * 2], b[buf][ni >> 1][(ni & 1) * 2 + 1]);
+    };
+    int stage = 0;  // the stage holding tile s
+    fragments(0, 0, 0);
     for (int s = 0; s < steps; ++s) {
-        cp_async_wait<STAGES - 2>();
-        // Tile s has landed for every thread, and every warp is done with tile s - 1, whose
-        // stage the next copy overwrites.
-        __syncthreads();
-        if (s + STAGES - 1 < steps) load((s + STAGES - 1) % STAGES, (s + STAGES - 1) * BK);
-        cp_async_commit();
-        const bf16* tx = sx + (s % STAGES) * BM * LDS;
-        const bf16* tw = sw + (s % STAGES) * BN * LDS;
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            // A: lanes 0-15 address rows 0-15 at k, lanes 16-31 the same rows at k + 8 (a0..a3).
-            // B: each x4 holds (b0, b1) of two 8-column tiles: lanes 0-7 columns 0-7 at k, 8-15
-            // the same at k + 8, 16-31 columns 8-15.
-            unsigned a[MI][4], bq[NI / 2][4];
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-                ldmatrix_x4(a[mi], tx + (wm * MI * 16 + mi * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
-#pragma unroll
-            for (int nj = 0; nj < NI / 2; ++nj)
-                ldmatrix_x4(bq[nj], tw + (wn * NI * 8 + nj * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk
-                                        + ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < NI; ++ni)
-                    mma_bf16(acc[mi][ni], a[mi], bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
+        for (int j = 0; j < SLICES; ++j) {
+            if (j == 0) {
+                if (s + STAGES - 1 < steps) load((s + STAGES - 1) % STAGES, (s + STAGES - 1) * BK);
+                cp_async_commit();
+            }
+            if (BUFS == 1) mmas(0);
+            if (j == SLICES - 1) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                stage = stage + 1 == STAGES ? 0 : stage + 1;
+            }
+            // After the last step this reads a stage past the data: in bounds, never used.
+            fragments((j + 1) % BUFS, stage, (j + 1) % SLICES);
+            if (BUFS == 2) mmas(j & 1);
         }
     }
 }

@@ -65,15 +65,28 @@ __device__ __forceinline__ Tile tile_of(i64 block, int col_tiles, int tile_rows)
     return {(int)(block % col_tiles), (int)(block / col_tiles % HEADS), block / col_tiles / HEADS * tile_rows};
 }
 
+// tile_of for the tiled GEMM, with blocks walking `group` row tiles down before they move one
+// tile right (column tiles, then heads): the blocks resident at once then span fewer weight
+// columns and more rows, so each weight tile is read from DRAM once for `group` row tiles while
+// it is in L2. Row tiles past the last and slots of a short last group give m0 ≥ rows.
+__device__ __forceinline__ Tile grouped_tile_of(i64 block, int col_tiles, int tile_rows, i64 rows, int group) {
+    const i64 per_row = (i64)col_tiles * HEADS;  // the tiles of one row tile
+    const i64 row_tiles = (rows + tile_rows - 1) / tile_rows;
+    const i64 first = block / (per_row * group) * group, in_group = block % (per_row * group);
+    const i64 height = row_tiles - first < group ? row_tiles - first : group;
+    if (height <= 0 || in_group >= per_row * height) return {0, 0, row_tiles * tile_rows};
+    const i64 rest = in_group / height;
+    return {(int)(rest % col_tiles), (int)(rest / col_tiles), (first + in_group % height) * tile_rows};
+}
+
 __device__ __forceinline__ i64 x_offset(i64 r, int h, i64 x_outer, i64 x_row, i64 x_inner_rows, i64 x_head) {
     return (r / x_inner_rows) * x_outer + (r % x_inner_rows) * x_row + h * x_head;
 }
 
-// Stores permuted columns l and l + 1 (l even) of one output row, rotated first where rope
-// applies; `positions` is only read under rope.
-template <typename T>
-__device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, float v1,
-                                       const i64* __restrict__ positions, i64 r, i64 rows_per_position) {
+// Permuted columns l and l + 1 (l even) of row r, rotated where rope applies; `positions` is
+// only read under rope.
+__device__ __forceinline__ void rotate2(int l, float& v0, float& v1, const i64* __restrict__ positions, i64 r,
+                                        i64 rows_per_position) {
 {%- if rope %}
     if (l < COLS && l % PADDED < R) {
         // Multiplying by 1/(2π) rather than dividing keeps the f64 division's slow path (a call,
@@ -89,6 +102,14 @@ __device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, flo
         v1 = b * c + a * s;
     }
 {%- endif %}
+}
+
+// Stores permuted columns l and l + 1 (l even) of one output row, rotated first where rope
+// applies; `positions` is only read under rope.
+template <typename T>
+__device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, float v1,
+                                       const i64* __restrict__ positions, i64 r, i64 rows_per_position) {
+    rotate2(l, v0, v1, positions, r, rows_per_position);
     int c = column(l);
     if (c >= 0) st(row + c, v0);
     c = column(l + 1);

@@ -1,24 +1,38 @@
 {% include "gemm_head.cuh" %}
     // Tensor-core GEMM for many rows (prefill): bf16 operands, f32 accumulation with
     // mma.sync.m16n8k16, the instruction SM120 has (no wgmma, no tcgen05). Block tile
-    // {{ bm }} × {{ bn }} on 8 warps as {{ warps_m }} (rows) × {{ warps_n }} (columns), each warp
-    // a 16·MI × 8·NI tile, so one 16-wide k step is MI + NI/2 ldmatrix.x4 for MI·NI MMAs (wider warp
-    // tiles read shared memory less per MMA, the bound of this kernel). K moves in steps of 32
-    // through a {{ stages }}-stage cp.async ring in dynamic shared memory,
-    // {{ stages }} × ({{ bm }} + {{ bn }}) × 40 bf16 (held to SM120's 99 KiB): the next tiles are in flight
-    // while one is multiplied (mma_mainloop in common.cuh). Rows past `rows` and columns past N
-    // are zero-filled on the way in and skipped on the way out; K is a multiple of 8 (16-byte
-    // copies).
-    constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = 32, LDS = BK + 8, STAGES = {{ stages }};
-    constexpr int THREADS = 256, WARPS_M = {{ warps_m }}, WARPS_N = {{ warps_n }};
-    constexpr int MI = BM / WARPS_M / 16, NI = BN / WARPS_N / 8;
-    constexpr int X_VECS = BM * BK / 8 / THREADS, W_VECS = BN * BK / 8 / THREADS;
+    // {{ bm }} × {{ bn }} on {{ warps_m }} × {{ warps_n }} warps (rows × columns), each warp a
+    // 16·MI × 8·NI tile, so one 16-wide k slice is MI + NI/2 ldmatrix.x4 for MI·NI MMAs: shared
+    // memory bandwidth, not the MMAs, bounds this kernel unless the warp tile is wide (64 × 64:
+    // 8 ldmatrix.x4 of 512 bytes, 32 cycles of an SM's 128 bytes a cycle, for 32 MMAs).
+    // K moves in steps of {{ bk }} through a {{ stages }}-stage cp.async ring of swizzled tiles
+    // (tile_at in common.cuh), {{ stages }} × ({{ bm }} + {{ bn }}) × {{ bk }} bf16 of dynamic shared
+    // memory (held to SM120's 99 KiB), with one barrier a step (mma_mainloop). Blocks walk
+    // {{ group }} row tile(s) down before moving right (grouped_tile_of). The output tile is
+    // staged in the same shared memory, rotated where rope applies, and leaves as 16-byte
+    // row vectors wherever 16 bytes of permuted columns are 16 bytes of consecutive output
+    // columns on a 16-byte boundary (every full vector without rope). Rows past `rows` and
+    // columns past N are zero-filled on the way in and skipped on the way out; K is a multiple
+    // of 8 (16-byte copies).
+    using T = {{ y_t }};
+    constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = {{ bk }}, STAGES = {{ stages }}, GROUP = {{ group }};
+    constexpr int THREADS = {{ threads }}, WARPS_M = {{ warps_m }}, WARPS_N = {{ warps_n }};
+    constexpr int MI = BM / WARPS_M / 16, NI = BN / WARPS_N / 8, CHUNKS = BK / 8;
+    static_assert(WARPS_M * WARPS_N * 32 == THREADS, "one warp per warp tile");
+    static_assert(MI * 16 * WARPS_M == BM && NI * 8 * WARPS_N == BN && NI % 2 == 0, "whole m16n8 tiles");
+    constexpr int X_VECS = BM * CHUNKS / THREADS, W_VECS = BN * CHUNKS / THREADS;
+    static_assert(X_VECS * THREADS == BM * CHUNKS && W_VECS * THREADS == BN * CHUNKS, "whole copies");
+    // The staged output: rows one 16-byte vector longer than the tile, so the eight rows a
+    // warp's pair stores touch start on different banks.
+    constexpr int VEC = 16 / sizeof(T), PITCH = BN + VEC;
+    static_assert(STAGES * (BM + BN) * BK * 2 <= {{ shared_bytes }} && BM * PITCH * sizeof(T) <= {{ shared_bytes }},
+                  "the ring and the staged tile fit the block's shared memory");
     constexpr int N_TILES = (COLS + BN - 1) / BN;
     constexpr int STEPS = (K + BK - 1) / BK;
-    bf16* const sx = reinterpret_cast<bf16*>(dynamic_smem);  // [STAGES][BM][LDS]
-    bf16* const sw = sx + STAGES * BM * LDS;                 // [STAGES][BN][LDS]
+    bf16* const sx = reinterpret_cast<bf16*>(dynamic_smem);  // [STAGES][BM × BK]
+    bf16* const sw = sx + STAGES * BM * BK;                  // [STAGES][BN × BK]
 
-    const Tile tile = tile_of(blockIdx.x, N_TILES, BM);
+    const Tile tile = grouped_tile_of(blockIdx.x, N_TILES, BM, rows, GROUP);
     const int nt = tile.nt, h = tile.h;
     const i64 m0 = tile.m0;
     if (m0 >= rows) return;
@@ -26,52 +40,91 @@
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N, g = lane >> 2, t4 = lane & 3;
 
-    // Vector v = tid + i·256 of a tile is row v / 4, columns (v % 4)·8: each thread copies
-    // X_VECS 16-byte vectors of x and W_VECS of w per stage. Rows without data read nothing and
-    // land as zeros.
-    const int cc = (tid & 3) * 8;
+    // Vector v = tid + i·THREADS of a tile is row v / CHUNKS, chunk v % CHUNKS: each thread
+    // copies X_VECS 16-byte vectors of x and W_VECS of w per stage. Rows without data read
+    // nothing and land as zeros.
+    const int cc = tid % CHUNKS * 8;
+    // A head's weight rows as 32-bit offsets from its first: a register a copy, not two.
+    static_assert((long long)N * K < (1ll << 31), "a head's weight addressed in 32 bits");
+    const bf16* const wh = w + (i64)h * N * K;
     const bf16* xs[X_VECS];
-    const bf16* ws[W_VECS];
+    int ws[W_VECS];
     bool x_ok[X_VECS], w_ok[W_VECS];
 #pragma unroll
     for (int i = 0; i < X_VECS; ++i) {
-        const i64 r = m0 + ((tid + i * THREADS) >> 2);
+        const i64 r = m0 + (tid + i * THREADS) / CHUNKS;
         x_ok[i] = r < rows;
         xs[i] = x + (x_ok[i] ? x_offset(r, h, x_outer, x_row, x_inner_rows, x_head) : 0) + cc;
     }
 #pragma unroll
     for (int i = 0; i < W_VECS; ++i) {
-        const int c = column(n0 + ((tid + i * THREADS) >> 2));
+        const int c = column(n0 + (tid + i * THREADS) / CHUNKS);
         w_ok[i] = c >= 0;
-        ws[i] = w + (i64)h * N * K + (w_ok[i] ? (i64)c * K : 0) + cc;
+        ws[i] = (w_ok[i] ? c * K : 0) + cc;
     }
+    // Copy i lands THREADS / CHUNKS rows (a multiple of 8, where tile_at's swizzle repeats)
+    // below copy 0.
+    static_assert(THREADS / CHUNKS % 8 == 0, "copies whole swizzle periods apart");
+    const int at = tile_at<BK>(tid / CHUNKS, cc);
     auto load = [&](int stage, int k0) {
         const bool in_k = k0 + cc < K;
 #pragma unroll
-        for (int i = 0; i < X_VECS; ++i) {
-            const int at = ((tid + i * THREADS) >> 2) * LDS + cc;
-            cp_async16(&sx[stage * BM * LDS + at], x_ok[i] && in_k ? xs[i] + k0 : x, x_ok[i] && in_k);
-        }
+        for (int i = 0; i < X_VECS; ++i)
+            cp_async16(&sx[stage * BM * BK + at + i * (THREADS / CHUNKS) * BK], x_ok[i] && in_k ? xs[i] + k0 : x,
+                       x_ok[i] && in_k);
 #pragma unroll
-        for (int i = 0; i < W_VECS; ++i) {
-            const int at = ((tid + i * THREADS) >> 2) * LDS + cc;
-            cp_async16(&sw[stage * BN * LDS + at], w_ok[i] && in_k ? ws[i] + k0 : w, w_ok[i] && in_k);
-        }
+        for (int i = 0; i < W_VECS; ++i)
+            cp_async16(&sw[stage * BN * BK + at + i * (THREADS / CHUNKS) * BK], w_ok[i] && in_k ? wh + ws[i] + k0 : w,
+                       w_ok[i] && in_k);
     };
 
+    // Fragments double buffered where the accumulators, both buffers, the copies' pointers and
+    // ~40 registers of indices fit the registers a thread may have at {{ min_blocks }} block(s) an
+    // SM (64 × 64 warps with K steps of 64, 16 pointers, spilled 16 bytes on sm_120a).
+    constexpr int BUFS =
+        MI * NI * 4 + 2 * (MI * 4 + NI * 2) + 2 * (X_VECS + W_VECS) + 40 <= 65536 / ({{ min_blocks }} * THREADS) ? 2 : 1;
     float acc[MI][NI][4];
-    mma_mainloop<BM, BN, STAGES, MI, NI>(acc, sx, sw, STEPS, wm, wn, lane, load);
+    mma_mainloop<BM, BN, BK, STAGES, MI, NI, BUFS>(acc, sx, sw, STEPS, wm, wn, lane, load);
 
+    // Every copy has landed (the last real one was waited for in the loop) and, after the
+    // barrier, every warp is done reading the ring, which now holds the output tile.
+    cp_async_wait<0>();
+    __syncthreads();
+    T* const sy = reinterpret_cast<T*>(dynamic_smem);  // [BM][PITCH]
     // Accumulator e of an 8-column tile is row g + (e / 2) * 8, column t4 * 2 + e % 2.
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const i64 r = m0 + wm * MI * 16 + mi * 16 + g + half * 8;
-            if (r >= rows) continue;
+            const int lr = wm * MI * 16 + mi * 16 + g + half * 8;
 #pragma unroll
-            for (int ni = 0; ni < NI; ++ni)
-                store2(y + r * y_row + h * y_head, wn * NI * 8 + n0 + ni * 8 + t4 * 2,
-                       acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1], positions, r, rows_per_position);
+            for (int ni = 0; ni < NI; ++ni) {
+                const int lc = wn * NI * 8 + ni * 8 + t4 * 2;
+                float v0 = acc[mi][ni][half * 2], v1 = acc[mi][ni][half * 2 + 1];
+                if (m0 + lr < rows) rotate2(n0 + lc, v0, v1, positions, m0 + lr, rows_per_position);
+                st2(&sy[lr * PITCH + lc], v0, v1);
+            }
         }
+    __syncthreads();
+    constexpr int ROW_VECS = BN / VEC;
+    for (int v = tid; v < BM * ROW_VECS; v += THREADS) {
+        const int lr = v / ROW_VECS, lc = v % ROW_VECS * VEC;
+        const i64 r = m0 + lr;
+        if (r >= rows) break;
+        T* const out = y + r * y_row + h * y_head;
+        const T* const in = &sy[lr * PITCH + lc];
+        const int c = column(n0 + lc);
+        bool whole = c >= 0 && reinterpret_cast<size_t>(out + c) % 16 == 0;
+#pragma unroll
+        for (int j = 1; j < VEC; ++j) whole = whole && column(n0 + lc + j) == c + j;
+        if (whole) {
+            *reinterpret_cast<uint4*>(out + c) = *reinterpret_cast<const uint4*>(in);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                const int cj = column(n0 + lc + j);
+                if (cj >= 0) out[cj] = in[j];
+            }
+        }
+    }
 }

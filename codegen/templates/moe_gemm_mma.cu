@@ -1,8 +1,8 @@
 // {{ op }} for many rows per expert (prefill, bf16): routed rows [n·k, {{ n }}] =
 // {% if swiglu %}silu(x[t] · gateᵀ) ⊙ (x[t] · upᵀ), t = order[r] / {{ top_k }}{% else %}h[r] · downᵀ{% endif %}, with the weights [E, {{ n }}, {{ k }}] of
 // the expert owning row r; bf16 mma.sync m16n8k16 with f32 accumulators, gemm_mma.cu's tiling:
-// 128 × 128 block tiles on 8 warps of 32 × 64, K in steps of 32 through a 4-stage cp.async ring,
-// 80 KiB of dynamic shared memory (of SM120's 99 KiB), 80-byte rows against bank conflicts.
+// 128 × 128 block tiles on 8 warps of 32 × 64, K in steps of 32 through a 4-stage cp.async ring
+// of swizzled tiles (tile_at in common.cuh), 64 KiB of dynamic shared memory.
 // Work items are (expert, 128-row tile of its rows, column tile): the grid has
 // ceil(n·k / 128) + E row-tile slots per column tile, the most the experts' tiles can number
 // (rounded up to whole column tiles, the extra blocks return at once), and a block finds
@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
 {
     grid_dependency_control();
     constexpr int K = {{ k }}, N = {{ n }}, E = {{ experts }}, TOP_K = {{ top_k }};
-    constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8, STAGES = 4;
+    constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
 {%- if swiglu %}
     constexpr int OUT_COLS = BN / 2;
 {%- else %}
@@ -37,8 +37,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
 {%- endif %}
     constexpr int N_TILES = (N + OUT_COLS - 1) / OUT_COLS;
     constexpr int STEPS = (K + BK - 1) / BK;
-    bf16* const sx = reinterpret_cast<bf16*>(dynamic_smem);  // [STAGES][BM][LDS]
-    bf16* const sw = sx + STAGES * BM * LDS;                 // [STAGES][BN][LDS]
+    static_assert(STAGES * (BM + BN) * BK * 2 <= {{ shared_bytes }}, "the ring fits the block's shared memory");
+    bf16* const sx = reinterpret_cast<bf16*>(dynamic_smem);  // [STAGES][BM × BK]
+    bf16* const sw = sx + STAGES * BM * BK;                  // [STAGES][BN × BK]
     __shared__ int found_e, found_tile;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -104,14 +105,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
         const bool in_k = k0 + cc < K;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int at = (cr + i * 64) * LDS + cc;
-            cp_async16(&sx[stage * BM * LDS + at], x_ok[i] && in_k ? xs[i] + k0 : x, x_ok[i] && in_k);
-            cp_async16(&sw[stage * BN * LDS + at], w_ok[i] && in_k ? ws[i] + k0 : w0, w_ok[i] && in_k);
+            const int at = tile_at<BK>(cr + i * 64, cc);
+            cp_async16(&sx[stage * BM * BK + at], x_ok[i] && in_k ? xs[i] + k0 : x, x_ok[i] && in_k);
+            cp_async16(&sw[stage * BN * BK + at], w_ok[i] && in_k ? ws[i] + k0 : w0, w_ok[i] && in_k);
         }
     };
 
     float acc[2][8][4];
-    mma_mainloop<BM, BN, STAGES, 2, 8>(acc, sx, sw, STEPS, wm, wn, lane, load);
+    mma_mainloop<BM, BN, BK, STAGES, 2, 8, 2>(acc, sx, sw, STEPS, wm, wn, lane, load);
 
     // Accumulator q of an 8-column tile is row g + (q / 2) * 8, column t4 * 2 + q % 2.
 #pragma unroll

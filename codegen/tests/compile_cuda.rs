@@ -4,9 +4,10 @@
 
 mod common;
 
-use common::{dense_module, lowered, module_with, LIMITS, MODELS};
+use common::{dense_module, lowered, module, module_with, LIMITS, MODELS};
+use glmc_codegen::kernels::TILED_GEMM_VARIANTS;
 use glmc_codegen::nvcc::{self, parse_ptxas};
-use glmc_codegen::{lower_module, render, Target};
+use glmc_codegen::{lower_module, lower_module_with, render, Target};
 use glmc_ir::DType;
 
 fn compiler() -> nvcc::Compiler {
@@ -62,6 +63,39 @@ fn every_generated_kernel_compiles_without_local_memory() {
                     "{model} {target}: {u}"
                 );
                 assert!(u.shared_bytes <= target.tile_shared_memory_limit(), "{u}");
+            }
+        }
+    }
+}
+
+/// Every tile the tiled GEMM's sweep times (`glm5_tiled_gemm_variants_are_timed` in
+/// runtime/tests/gpu_kernels.rs) compiles for both targets on every GLM-5 GEMM shape with no
+/// local memory, so the sweep's winner is a one-line change.
+#[test]
+fn every_tiled_gemm_variant_compiles_without_local_memory() {
+    let nvcc = compiler();
+    let (_, glm5) = module("glm5.ron");
+    for target in [Target::Sm120a, Target::Sm90a] {
+        for v in TILED_GEMM_VARIANTS {
+            let mut l = lower_module_with(&glm5, target, LIMITS, v).unwrap();
+            l.kernels.retain(|k| k.template == "gemm_mma");
+            let source = render::render(&l.kernels).unwrap();
+            let compiled =
+                nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
+                    .unwrap_or_else(|e| panic!("{v} for {target}: {e}"));
+            let usage = parse_ptxas(&compiled.ptxas);
+            for k in &l.kernels {
+                let u = usage.iter().find(|u| u.name == k.name).unwrap();
+                println!("{v} {target}: {u}");
+                assert_eq!(
+                    (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
+                    (0, 0, 0),
+                    "{v} {target}: {u}"
+                );
+                assert!(
+                    k.shared_bytes <= target.tile_shared_memory_limit(),
+                    "{v}: {u}"
+                );
             }
         }
     }

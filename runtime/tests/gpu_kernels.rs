@@ -22,9 +22,10 @@ use std::path::PathBuf;
 
 use glmc_codegen::artifact::{self, WeightEntry};
 use glmc_codegen::expr::{Bindings, Guard};
+use glmc_codegen::kernels::{TiledGemm, TILED_GEMM, TILED_GEMM_VARIANTS};
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Kernel, Phase, Step};
-use glmc_codegen::{lower_module, nvcc, render, Limits, Target};
+use glmc_codegen::{lower_module, lower_module_with, nvcc, render, Limits, Lowered, Target};
 use glmc_ir::{DType, Function, Module, NodeIndex, Op, TensorType, Value};
 use glmc_models::builder::{BuildOptions, Sampler};
 use glmc_models::ModelConfig;
@@ -66,6 +67,19 @@ fn model_in(file: &str, dtype: Option<DType>, disabled: &[&str], sampler: Sample
     let mut m = glmc_models::builder::build(&config, &options).unwrap();
     let options = PipelineOptions {
         disabled: disabled.iter().map(|p| p.to_string()).collect(),
+        ..Default::default()
+    };
+    pipeline(&options).unwrap().run(&mut m).unwrap();
+    m
+}
+
+/// A shipped model through the pipeline with dense attention (whose prefill expands every
+/// cached latent through `kv_b_proj`).
+fn dense_model(file: &str) -> Module {
+    let config = ModelConfig::load(&repo().join("models").join(file)).unwrap();
+    let mut m = glmc_models::builder::build(&config, &BuildOptions::default()).unwrap();
+    let options = PipelineOptions {
+        attention: glmc_passes::AttentionChoice::Dense,
         ..Default::default()
     };
     pipeline(&options).unwrap().run(&mut m).unwrap();
@@ -250,23 +264,30 @@ fn run_on_gpu(
     b: &Bindings,
     time_it: bool,
 ) -> Run {
-    run_on_gpu_with(dev, module, limits, ins, b, time_it, &|_| {})
+    run_on_gpu_with(dev, module, limits, ins, b, time_it, &|m, t, l| {
+        lower_module(m, t, l).unwrap()
+    })
 }
 
-/// The source of `module`'s kernels after `tweak` edited their template parameters (only
-/// parameters that leave every launch's grid and arguments as they are: a variant of one kernel).
-fn tweaked_source(
-    module: &Module,
-    target: Target,
-    limits: Limits,
-    tweak: &dyn Fn(&mut Kernel),
-) -> String {
-    let mut lowered = lower_module(module, target, limits).unwrap();
-    lowered.kernels.iter_mut().for_each(tweak);
-    render::render(&lowered.kernels).unwrap()
+/// How a variant sweep lowers a module: the lowering with a kernel's variant chosen.
+type LowerWith<'a> = dyn Fn(&Module, Target, Limits) -> Lowered + 'a;
+
+/// A lowering whose kernels `tweak` edited the template parameters of (only parameters that
+/// leave every launch's grid and arguments as they are: a variant of one kernel).
+fn tweaked(tweak: impl Fn(&mut Kernel)) -> impl Fn(&Module, Target, Limits) -> Lowered {
+    move |m, t, l| {
+        let mut lowered = lower_module(m, t, l).unwrap();
+        lowered.kernels.iter_mut().for_each(&tweak);
+        lowered
+    }
 }
 
-/// [`run_on_gpu`] with the kernels' template parameters edited by `tweak`.
+/// The source of `module`'s kernels as `lower` lowers it.
+fn variant_source(module: &Module, target: Target, limits: Limits, lower: &LowerWith) -> String {
+    render::render(&lower(module, target, limits).kernels).unwrap()
+}
+
+/// [`run_on_gpu`] with the module lowered by `lower`.
 fn run_on_gpu_with(
     dev: &Device,
     module: &Module,
@@ -274,10 +295,9 @@ fn run_on_gpu_with(
     ins: &[Tensor],
     b: &Bindings,
     time_it: bool,
-    tweak: &dyn Fn(&mut Kernel),
+    lower: &LowerWith,
 ) -> Run {
-    let mut lowered = lower_module(module, dev.target, limits).unwrap();
-    lowered.kernels.iter_mut().for_each(tweak);
+    let lowered = lower(module, dev.target, limits);
     let phase = lowered.phases[0].clone();
     let source = render::render(&lowered.kernels).unwrap();
     let compiled = nvcc::compile(
@@ -1262,6 +1282,44 @@ fn repeat_rows(t: &Tensor, from: usize, to: usize) -> Tensor {
     .unwrap()
 }
 
+/// For each input of `mini`, in order, whether its first axis is the row symbol `sym`.
+fn per_row_inputs(mini: &Function, sym: &str) -> Vec<bool> {
+    let mut ins: Vec<(u64, bool)> = mini
+        .inputs()
+        .into_iter()
+        .map(|i| {
+            let node = mini.node(i);
+            let Op::Input { index } = node.op else {
+                unreachable!()
+            };
+            let first = node.outputs[0].shape.first();
+            (index, first == Some(&glmc_ir::Dim::Sym(sym.into())))
+        })
+        .collect();
+    ins.sort_by_key(|(i, _)| *i);
+    ins.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Compiles every source into the cubin cache, on every core, so that the runs then read it.
+fn compile_all(dev: &Device, sources: &[String]) {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..std::thread::available_parallelism().map_or(4, |n| n.get()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(source) = sources.get(i) else { break };
+                nvcc::compile(
+                    &dev.compiler,
+                    source,
+                    dev.target,
+                    nvcc::default_cache_dir().as_deref(),
+                )
+                .unwrap();
+            });
+        }
+    });
+}
+
 /// Every GEMM of GLM-5 (each projection, the per-head absorbed products, the rope epilogues,
 /// the lm_head and the f32 router) as the lowering launches it: decode at 1, 8 and 64 rows,
 /// prefill at 1, 8, 67 and 4096, each against the interpreter. The interpreter computes 67 rows;
@@ -1317,22 +1375,7 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
             let [heads, n_cols, k] = weight_shape(w);
             // Inputs whose first axis is the row symbol. A node whose output has no such axis (the
             // prefill's lm_head, which sees the last row) runs at one row.
-            let per_row: Vec<bool> = {
-                let mut ins: Vec<(u64, bool)> = mini
-                    .inputs()
-                    .into_iter()
-                    .map(|i| {
-                        let node = mini.node(i);
-                        let Op::Input { index } = node.op else {
-                            unreachable!()
-                        };
-                        let first = node.outputs[0].shape.first();
-                        (index, first == Some(&glmc_ir::Dim::Sym(sym.into())))
-                    })
-                    .collect();
-                ins.sort_by_key(|(i, _)| *i);
-                ins.into_iter().map(|(_, r)| r).collect()
-            };
+            let per_row = per_row_inputs(&mini, sym);
             let row_symbol = glmc_ir::Dim::Sym(sym.into());
             let sizes: &[u64] = if f.node(n).outputs[0].shape.first() == Some(&row_symbol) {
                 sizes
@@ -1531,13 +1574,13 @@ fn glm5_skinny_gemm_variants_are_timed() {
         }
     }
     let tweak = |(depth, blocks, prefetch): (u64, u64, u64)| {
-        move |k: &mut Kernel| {
+        tweaked(move |k: &mut Kernel| {
             if is_narrow_skinny(k) {
                 k.params.insert("depth".into(), depth.to_string());
                 k.params.insert("min_blocks".into(), blocks.to_string());
                 k.params.insert("prefetch".into(), prefetch.to_string());
             }
-        }
+        })
     };
     // Every variant compiled first, on every core, into the cubin cache the runs then read.
     let sources: Vec<String> = cases
@@ -1545,25 +1588,10 @@ fn glm5_skinny_gemm_variants_are_timed() {
         .flat_map(|(_, _, mm, _, variants)| {
             variants
                 .iter()
-                .map(|v| tweaked_source(mm, dev.target, limits, &tweak(*v)))
+                .map(|v| variant_source(mm, dev.target, limits, &tweak(*v)))
         })
         .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        for _ in 0..std::thread::available_parallelism().map_or(4, |n| n.get()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(source) = sources.get(i) else { break };
-                nvcc::compile(
-                    &dev.compiler,
-                    source,
-                    dev.target,
-                    nvcc::default_cache_dir().as_deref(),
-                )
-                .unwrap();
-            });
-        }
-    });
+    compile_all(&dev, &sources);
     let mut report = format!(
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; variant = depth/blocks an SM/L2 prefetch, * = shipped\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
@@ -1626,6 +1654,161 @@ fn glm5_skinny_gemm_variants_are_timed() {
     std::fs::write(out_dir().join("skinny.md"), &report).unwrap();
     std::fs::write(
         out_dir().join("skinny.json"),
+        format!("[\n{}\n]\n", shapes.join(",\n")),
+    )
+    .unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The tiled GEMM (`gemm_mma.cu`) in [`TILED_GEMM`] and each of [`TILED_GEMM_VARIANTS`] on every
+/// GLM-5 prefill GEMM it runs (one node per distinct kernel) at 4096 rows: each variant checked
+/// against the interpreter (computed at 67 rows, the inputs repeated to 4096, as
+/// `glm5_gemm_shapes_match_the_interpreter_and_are_timed` does) and timed as issue 14 times a
+/// GEMM (inputs from DRAM, back to back in a CUDA graph). Writes `tiled.md` (every variant,
+/// TFLOP/s and the fraction of the mma.sync ceiling, the shipped one marked, the best per
+/// node) and `tiled.json` (the shipped and the best variant of each node, for
+/// `scripts/torch_gemm.py`), so that the winner is read off a measurement.
+#[test]
+#[ignore = "gpu"]
+fn glm5_tiled_gemm_variants_are_timed() {
+    let dev = Device::open();
+    let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut rng = Rng(9091);
+    let limits = Limits {
+        max_prefill_tokens: 4096,
+        max_batch: 64,
+        max_context: 4096,
+    };
+    // The sparse prefill's GEMMs, then the dense prefill's that differ (kv_b_proj).
+    let mut seen = std::collections::HashSet::new();
+    let mut cases = Vec::new();
+    for module in [model("glm5.ron"), dense_model("glm5.ron")] {
+        let f = module
+            .functions
+            .iter()
+            .find(|f| f.name == "prefill")
+            .unwrap();
+        let lowered = lower_module(&module, dev.target, limits).unwrap();
+        let phase = lowered
+            .phases
+            .iter()
+            .find(|p| p.function == f.name)
+            .unwrap();
+        for l in phase.launches() {
+            let tiled = lowered
+                .kernels
+                .iter()
+                .any(|k| k.name == l.kernel && k.template == "gemm_mma");
+            if tiled && seen.insert(l.kernel.clone()) {
+                let n = f.find(&l.node).unwrap();
+                let mini = cut(f, n);
+                let mut mm = Module::new("tiled");
+                mm.functions.push(mini.clone());
+                let w = f.node(f.operands(n)[1].node).outputs[0].clone();
+                let rows = f.node(n).outputs[0].shape.first().cloned();
+                cases.push((l.node.clone(), mini, mm, w, rows));
+            }
+        }
+    }
+    let variants: Vec<TiledGemm> = std::iter::once(TILED_GEMM)
+        .chain(TILED_GEMM_VARIANTS)
+        .collect();
+    let lower = |v: TiledGemm| move |m: &Module, t, l| lower_module_with(m, t, l, v).unwrap();
+    let sources: Vec<String> = cases
+        .iter()
+        .flat_map(|(_, _, mm, _, _)| {
+            variants
+                .iter()
+                .map(|v| variant_source(mm, dev.target, limits, &lower(*v)))
+        })
+        .collect();
+    compile_all(&dev, &sources);
+    let mut report = format!(
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; \
+         variant = block tile, warps, K step, stages, blocks an SM, row tiles a group; * = shipped\n\
+         | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut shapes = Vec::new();
+    let mut failures = Vec::new();
+    let (small, rows) = (67u64, 4096u64);
+    for (node, mini, mm, w, first) in &cases {
+        let [heads, n_cols, k] = weight_shape(w);
+        // The rows are the prefill's tokens (`s`) or, for the dense prefill's kv_b_proj, the
+        // context (`t`); both symbols take the row count.
+        let sym = match first {
+            Some(glmc_ir::Dim::Sym(s)) => s.clone(),
+            other => panic!("{node}: rows {other:?}"),
+        };
+        let per_row = per_row_inputs(mini, &sym);
+        let b = Bindings::from([("s".into(), small), ("t".into(), small)]);
+        let ins = inputs(mini, &b, &mut rng, 154_880, 4096);
+        let want = interpret(mm, mini, &ins).unwrap();
+        let ins: Vec<Tensor> = ins
+            .iter()
+            .zip(&per_row)
+            .map(|(t, r)| {
+                if *r {
+                    repeat_rows(t, small as usize, rows as usize)
+                } else {
+                    t.clone()
+                }
+            })
+            .collect();
+        let want: Vec<Tensor> = want
+            .iter()
+            .map(|t| repeat_rows(t, small as usize, rows as usize))
+            .collect();
+        let b = Bindings::from([("s".into(), rows), ("t".into(), rows)]);
+        let mut best: Option<(f64, TiledGemm)> = None;
+        for &v in &variants {
+            let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &lower(v));
+            let err = match worst_error(&run, &want, &b) {
+                Ok(e) => format!("{e:.1e}"),
+                Err(e) => {
+                    failures.push(format!("{node} variant {v}: {e}"));
+                    "FAIL".to_string()
+                }
+            };
+            let t = timed(&run, mini, &b, copy_gbs);
+            let shipped = v == TILED_GEMM;
+            let mark = if shipped { "*" } else { "" };
+            let line = format!(
+                "| {rows} | {node} | {heads} × {n_cols} × {k} | {v}{mark} | {err} | {} |",
+                t.cells()
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
+            let json = |label: &str| {
+                format!(
+                    "{{\"phase\": \"prefill\", \"node\": \"{node} [{label}]\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"bf16\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}}}",
+                    t.secs * 1e6,
+                    t.moved,
+                    t.flops
+                )
+            };
+            if shipped {
+                shapes.push(json(&format!("shipped {v}")));
+            }
+            if best.is_none_or(|(secs, _)| t.secs < secs) && !err.starts_with("FAIL") {
+                best = Some((t.secs, v));
+                if !shipped {
+                    shapes.retain(|s| !s.contains(&format!("{node} [best ")));
+                    shapes.push(json(&format!("best {v}")));
+                }
+            }
+        }
+        if let Some((secs, v)) = best {
+            writeln!(
+                report,
+                "| {rows} | {node} | best | {v} | | {:.1} | | | |",
+                secs * 1e6
+            )
+            .unwrap();
+        }
+    }
+    std::fs::write(out_dir().join("tiled.md"), &report).unwrap();
+    std::fs::write(
+        out_dir().join("tiled.json"),
         format!("[\n{}\n]\n", shapes.join(",\n")),
     )
     .unwrap();
