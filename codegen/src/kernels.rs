@@ -1934,9 +1934,29 @@ fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
     Ok(Lowering::Launch(planned))
 }
 
-/// At most how many values of the bin holding the k-th best score `dsa.topk` refines in shared
-/// memory rather than in the row (its template says why).
-const TOPK_CANDIDATES: u64 = 16384;
+/// Keys of a row `dsa.topk` holds on chip: 32 a thread of its 1024, a 32k context's row; its
+/// template says why.
+const TOPK_MAX_SLOTS: u64 = 32;
+
+/// Of those, how many a thread keeps in registers; the rest sit in shared memory (4 KiB a slot,
+/// 23 at most next to the histogram within SM120's 99 KiB).
+const TOPK_HELD: u64 = 9;
+
+/// At most how many keys of the bin holding the k-th best score `dsa.topk` ranks by comparing
+/// each with all the others (64 comparisons a thread); a fuller bin takes radix passes.
+const TOPK_RANKED: u64 = 256;
+
+/// `dsa.topk`'s register and total slots (keys a thread) for rows of up to `max_context` keys,
+/// and whether a row may be longer. Such rows read the rest from L2 in each pass, and those
+/// loads take a register a thread, so they hold one slot less in each place (SM120 would spill).
+fn topk_slots(max_context: u64) -> (u64, u64, bool) {
+    let slots = max_context.div_ceil(1024).max(1);
+    if slots > TOPK_MAX_SLOTS {
+        (TOPK_MAX_SLOTS - 1, TOPK_HELD - 1, true)
+    } else {
+        (slots, slots.min(TOPK_HELD), false)
+    }
+}
 
 fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
     let (out, scores, positions) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
@@ -1951,14 +1971,22 @@ fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
     if k == 0 || k > i32::MAX as u64 {
         return Err(format!("k = {k}"));
     }
-    // 4096 histogram bins and the candidates, 4 bytes each; a row never holds more candidates
-    // than keys, so a short context needs less.
-    let cap = TOPK_CANDIDATES.min(cx.max_context.max(1));
-    let shared = (4096 + cap) * 4;
+    // The kernel counts keys in 32-bit ints, a chunk past the context included.
+    if cx.max_context > 1 << 30 {
+        return Err(format!("a context of {} keys", cx.max_context));
+    }
+    let (slots, held, tail) = topk_slots(cx.max_context);
     let b = Builder::new("dsa_topk", 1024)
         .param("k", k)
-        .param("cap", cap)
-        .shared(shared as u32, true);
+        .param("slots", slots)
+        .param("held", held)
+        .param("tail", tail)
+        .param("ranked", TOPK_RANKED);
+    // The histogram, the ranked candidates and the spilled slots (a few more words are static).
+    let b = b.shared(
+        ((1024 + TOPK_RANKED + (slots - held) * 1024) * 4) as u32,
+        true,
+    );
     let args = vec![
         cx.ptr("out", out),
         int("out_row", out_row),

@@ -1,32 +1,64 @@
 // dsa.topk: the {{ k }} best of the keys j ≤ position in each row of scores, in ascending key
 // order, −1 padded; a row with at most {{ k }} keys gets them all. "Best" is the higher score, then
-// the lower index, as the interpreter's `dsa.topk` ranks them; −0.0 and +0.0 are one value (the
-// order maps both to the bits of +0.0). The result is a set, so it is written in key order: no
-// sort, and the sparse attention that reads it gathers cache rows in address order.
-// One block of 1024 threads per row, on the order-preserving u32 of each score:
-// 1. radix select from the top: a pass counts the row's values in 2^12, then 2^10 bins of the
-//    next bits below those already fixed (a warp adds to each bin it hits once: the keys of a
-//    row crowd into few bins) and a block scan finds the bin of the k-th best. Once that bin
-//    holds at most {{ cap }} values, they are copied to shared memory and the remaining bits are
-//    fixed there, not in the row. This gives the k-th best value T and how many of the keys
-//    equal to T make the cut (`ties`);
-// 2. one ordered pass writes the keys above T and the first `ties` keys equal to T: a block
-//    scan of (above, equal) counts over chunks of 8192 keys places each key at its rank, and
-//    the pass ends as soon as k keys are written.
-// So a row is read two to four times (from L2 after the first), where a select and a bitonic sort
-// of the k best read it six times and synchronised 66 times for the sort (one 32k row: 85 µs).
-// Dynamic shared memory: 4096 bins + {{ cap }} candidates, 4 bytes each, within SM120's 99 KiB.
+// the lower index, as the interpreter's `dsa.topk` ranks them; −0.0 and +0.0 are one value (NaN,
+// which the interpreter refuses, ranks as −∞ so that the kernel still ends). The result is a set,
+// so it is written in key order: no sort, and the sparse attention that reads it gathers cache
+// rows in address order.
+//
+// One block of 1024 threads per row. It is latency bound (8192 keys are 32 KB, one SM reads them
+// from L2 in well under a microsecond), so the design counts dependent steps, not bytes:
+// 1. the row is read once, coalesced, onto the chip: thread t holds keys v·1024 + t for
+//    v < {{ slots }}, the first {{ held }} in registers and the rest in shared memory (4 KiB a slot, only
+//    ever touched by its own thread: no barrier, no bank conflict). The lowering sizes the slots
+//    by the context, at most 32 (a 32k row): 9 registers + 23 shared slots is what fits SM120
+//    (64 registers a thread at 1024 threads without spilling, 99 KiB of shared memory). Where the
+//    context is longer, the keys beyond the slots are read again from L2 by each pass below
+//    (four loads in flight a thread), and those loads cost a register: 8 + 23 slots;
+// 2. the row's least and greatest score (warp reductions, one barrier);
+// 3. one histogram of 1024 bins linear in the score between them. Indexer scores are bell-shaped
+//    sums, so a bin holds about n/1024 × (peak density × range) keys: some 20 to 100 at 8k to 32k,
+//    where bins of the float's top bits (exponent and 2 to 3 mantissa bits) put hundreds to
+//    thousands of keys in a few bins, serialising the shared atomics and needing 3 to 4 passes.
+//    The bin is (s − min) · (1024 / (max − min)), correctly rounded, so it never decreases as s
+//    grows: every key of a higher bin beats every key of a lower one, equal scores share a bin.
+//    Rows whose range is zero or not finite take the order-preserving u32's top 10 bits instead;
+// 4. one block scan over the bins (one a thread) finds the bin of the k-th best and how many keys
+//    beat it;
+// 5. that bin's keys are resolved exactly: at most {{ ranked }} of them are copied to shared memory
+//    and each is ranked by comparing it with all the others (c²/1024 ≤ 64 comparisons a thread,
+//    no barrier between them); more (a spike of equal scores, or an outlier stretching the range)
+//    are narrowed on chip by radix passes of up to 1024 bins over the order-keys between the
+//    bin's least and greatest, at most 4 passes for 32 bits, none when all are equal;
+// 6. the keys above the k-th best value T and the first `ties` keys equal to T, in key order: per
+//    slot and warp a ballot counts them, one block scan over the (slot, warp) counts places each
+//    key at its rank, and the writes go straight from the chip.
+// About 10 barriers for a row that fits the chip, where the radix select before this kernel took
+// about 30 and read the row 3 to 5 times from L2 (19 µs for one 8k row, 52 µs for a 32k one).
+// Shared memory: dynamic 1024 + {{ ranked }} + 1024 · ({{ slots }} − {{ held }}) words; 40 static.
+constexpr int {{ name }}_SLOTS = {{ slots }};
+constexpr int {{ name }}_BINS = 1024;
+constexpr int {{ name }}_RANKED = {{ ranked }};
+// Whether a row may be longer than the slots (the context is), so that passes read the rest.
+constexpr bool {{ name }}_TAIL = {{ tail }};
+
+// The order-preserving u32 of a canonical score, and back.
 __device__ __forceinline__ unsigned {{ name }}_order(float f) {
-    const unsigned u = f == 0.f ? 0u : __float_as_uint(f);
+    const unsigned u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
-// Keys each thread loads before it counts them: the loads of a pass are in flight together, where
-// one key at a time waited on each load in turn (a pass over one 32k row took about 19 µs).
-constexpr int {{ name }}_LOADS = 8;
+__device__ __forceinline__ float {{ name }}_value(unsigned o) {
+    return __uint_as_float((o & 0x80000000u) ? o & 0x7fffffffu : ~o);
+}
 
-// The exclusive prefix sum of v over the block, in thread order; `total` gets the sum of all.
-__device__ __forceinline__ unsigned {{ name }}_scan(unsigned v, unsigned* warp_sums, unsigned& total) {
+// −0.0 as +0.0 and NaN as −∞, so that float comparisons and the order agree everywhere.
+__device__ __forceinline__ float {{ name }}_canon(float f) {
+    return __uint_as_float(f != f ? 0xff800000u : f == 0.f ? 0u : __float_as_uint(f));
+}
+
+// The exclusive prefix sum of v over the block, in thread order; `total` gets the sum of all. One
+// barrier: `sums` may be written again only after every thread has passed a later one.
+__device__ __forceinline__ unsigned {{ name }}_scan(unsigned v, unsigned* sums, unsigned& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     unsigned inclusive = v;
 #pragma unroll
@@ -34,81 +66,129 @@ __device__ __forceinline__ unsigned {{ name }}_scan(unsigned v, unsigned* warp_s
         const unsigned n = __shfl_up_sync(0xffffffffu, inclusive, o);
         if (lane >= o) inclusive += n;
     }
-    if (lane == 31) warp_sums[warp] = inclusive;
+    if (lane == 31) sums[warp] = inclusive;
     __syncthreads();
-    if (warp == 0) {
-        unsigned w = warp_sums[lane];
+    unsigned w = sums[lane];
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned n = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += n;
-        }
-        warp_sums[lane] = w;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned n = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += n;
     }
-    __syncthreads();
-    const unsigned before = (warp ? warp_sums[warp - 1] : 0u) + inclusive - v;
-    total = warp_sums[31];
-    __syncthreads();
-    return before;
+    total = __shfl_sync(0xffffffffu, w, 31);
+    const unsigned below = __shfl_sync(0xffffffffu, w, warp ? warp - 1 : 0);
+    return (warp ? below : 0u) + inclusive - v;
 }
 
-// One radix pass: among the n values get(j) whose bits above shift + width equal prefix's, counts
-// each value's `width` bits at `shift`, then moves prefix and want to the bin of the want-th
-// largest and returns how many values that bin holds.
-template <class Get>
-__device__ __forceinline__ unsigned {{ name }}_pass(
-    Get get, i64 n, int shift, int width, unsigned& prefix, unsigned& want,
-    unsigned* hist, unsigned* warp_sums, unsigned* found)
+// Of hist[0 .. bins) (bins ≤ 1024, a higher bin holding better values, want ≤ their sum), the bin
+// of the want-th best value: sel = {bin, values in better bins, values in the bin}, seen by all.
+__device__ __forceinline__ void {{ name }}_pick(
+    const unsigned* hist, int bins, unsigned want, unsigned* sums, unsigned* sel)
 {
-    const int tid = threadIdx.x, lane = tid & 31;
-    const int bins = 1 << width, per = (bins + 1023) / 1024;
-    for (int i = tid; i < bins; i += 1024) hist[i] = 0u;
-    __syncthreads();
-    const int top = shift + width;
-    const unsigned high = top >= 32 ? 0u : ~0u << top;
-    for (i64 j0 = 0; j0 < n; j0 += 1024 * {{ name }}_LOADS) {
-        unsigned u[{{ name }}_LOADS];
-#pragma unroll
-        for (int q = 0; q < {{ name }}_LOADS; ++q) {
-            const i64 j = j0 + q * 1024 + tid;
-            u[q] = j < n ? get(j) : 0u;
-        }
-#pragma unroll
-        for (int q = 0; q < {{ name }}_LOADS; ++q) {
-            const i64 j = j0 + q * 1024 + tid;
-            const bool counted = j < n && (u[q] & high) == (prefix & high);
-            const unsigned bin = counted ? (u[q] >> shift) & (unsigned)(bins - 1) : 0xffffffffu;
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (counted && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
-        }
-    }
-    __syncthreads();
-    // Thread t owns the bins t·per … t·per + per − 1 counted from the top, so the scan in thread
-    // order counts the values in better bins.
-    unsigned mine = 0u;
-    for (int q = 0; q < per; ++q) {
-        const int b = bins - 1 - (tid * per + q);
-        if (b >= 0) mine += hist[b];
-    }
+    const int b = bins - 1 - (int)threadIdx.x;
+    const unsigned h = b >= 0 ? hist[b] : 0u;
     unsigned total;
-    unsigned better = {{ name }}_scan(mine, warp_sums, total);
-    if (better < want && better + mine >= want) {
-        for (int q = 0; q < per; ++q) {
-            const int b = bins - 1 - (tid * per + q);
-            const unsigned c = hist[b];
-            if (better + c >= want) {
-                found[0] = prefix | ((unsigned)b << shift);
-                found[1] = want - better;
-                found[2] = c;
-                break;
-            }
-            better += c;
-        }
+    const unsigned better = {{ name }}_scan(h, sums, total);
+    if (better < want && better + h >= want) {
+        sel[0] = b;
+        sel[1] = better;
+        sel[2] = h;
     }
     __syncthreads();
-    prefix = found[0];
-    want = found[1];
-    return found[2];
+}
+
+// Calls f(score, valid) for every key of the row, warp-uniformly (f may vote): the slots held in
+// registers (x), then those in shared memory (spilled, this thread's first), then the keys beyond
+// them from memory, four loads in flight a thread.
+template <int R, class F>
+__device__ __forceinline__ void {{ name }}_visit(
+    const float (&x)[R], const float* spilled, const float* s, int n, F f)
+{
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int v = 0; v < R; ++v)
+        if (v * 1024 < n) f(x[v], v * 1024 + tid < n);
+#pragma unroll 2
+    for (int v = R; v < {{ name }}_SLOTS && v * 1024 < n; ++v)
+        f(spilled[(v - R) * 1024], v * 1024 + tid < n);
+    for (int j0 = {{ name }}_SLOTS * 1024; {{ name }}_TAIL && j0 < n; j0 += 4 * 1024) {
+        float y[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int j = j0 + q * 1024 + tid;
+            y[q] = j < n ? {{ name }}_canon(s[j]) : 0.f;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            if (j0 + q * 1024 < n) f(y[q], j0 + q * 1024 + tid < n);
+    }
+}
+
+// The write's per-slot steps for key j = j0 + v·1024 + thread of score f: count the slot's keys
+// above t and equal to t in this warp, then (with `at` the counts before the warp's slot) write
+// this key if it is chosen.
+struct {{ name }}_Cut {
+    float t;
+    unsigned ties, above, equal;
+    i64* o;
+
+    __device__ __forceinline__ void count(float f, bool in, unsigned* at) const {
+        const unsigned a = __ballot_sync(0xffffffffu, in && f > t);
+        const unsigned e = __ballot_sync(0xffffffffu, in && f == t);
+        if ((threadIdx.x & 31) == 0) *at = __popc(a) | __popc(e) << 16;
+    }
+
+    __device__ __forceinline__ void place(float f, bool in, unsigned at, int j) const {
+        const unsigned lower = (1u << (threadIdx.x & 31)) - 1u;
+        const unsigned a = __ballot_sync(0xffffffffu, in && f > t);
+        const unsigned e = __ballot_sync(0xffffffffu, in && f == t);
+        const unsigned ab = above + (at & 0xffffu) + __popc(a & lower);
+        const unsigned eb = equal + (at >> 16) + __popc(e & lower);
+        if (in && f > t) o[ab + min(eb, ties)] = j;
+        else if (in && f == t && eb < ties) o[ab + eb] = j;
+    }
+};
+
+// Writes the chosen keys among j0 + v·1024 + thread for the R slots of x and the m of spilled
+// (R + m ≤ 32): those above t and, of those equal to t, the first `ties` of the row. cut.above
+// and cut.equal count the keys before j0 and are advanced; the result says whether all k are
+// written. One (above, equal) count per slot and warp, ≤ 32 each and ≤ 32768 over all, so both
+// share one scan in two half-words.
+template <int R>
+__device__ __forceinline__ bool {{ name }}_write(
+    const float (&x)[R], const float* spilled, int m, int j0, int n, {{ name }}_Cut& cut,
+    unsigned* counts, unsigned* sums)
+{
+    const int tid = threadIdx.x, warp = tid >> 5;
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < R; ++v) {
+        const int j = j0 + v * 1024 + tid;
+        cut.count(x[v], j < n, &counts[v * 32 + warp]);
+    }
+#pragma unroll 2
+    for (int v = R; v < R + m; ++v) {
+        const int j = j0 + v * 1024 + tid;
+        cut.count(spilled[(v - R) * 1024], j < n, &counts[v * 32 + warp]);
+    }
+    __syncthreads();
+    const bool mine = tid < (R + m) * 32;
+    unsigned total;
+    const unsigned before = {{ name }}_scan(mine ? counts[tid] : 0u, sums, total);
+    if (mine) counts[tid] = before;
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < R; ++v) {
+        const int j = j0 + v * 1024 + tid;
+        if (j0 + v * 1024 < n) cut.place(x[v], j < n, counts[v * 32 + warp], j);
+    }
+#pragma unroll 2
+    for (int v = R; v < R + m && j0 + v * 1024 < n; ++v) {
+        const int j = j0 + v * 1024 + tid;
+        cut.place(spilled[(v - R) * 1024], j < n, counts[v * 32 + warp], j);
+    }
+    cut.above += total & 0xffffu;
+    cut.equal += total >> 16;
+    return cut.above + min(cut.equal, cut.ties) >= (unsigned){{ k }};
 }
 
 extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
@@ -117,100 +197,179 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
     const i64* __restrict__ positions, i64 rows)
 {
     grid_dependency_control();
-    constexpr int K = {{ k }}, CAP = {{ cap }}, CHUNK = 8;
+    constexpr int K = {{ k }}, SLOTS = {{ name }}_SLOTS, BINS = {{ name }}_BINS;
+    constexpr int RANKED = {{ name }}_RANKED, HELD = {{ held }};
+    // Dynamic: the histogram (then the write's (slot, warp) counts), the ranked candidates and
+    // the slots spilled to shared memory.
     unsigned* const hist = reinterpret_cast<unsigned*>(dynamic_smem);
-    unsigned* const cand = hist + 4096;
-    __shared__ unsigned warp_sums[32];
-    __shared__ unsigned found[3];
-    __shared__ unsigned taken_s;
+    unsigned* const cand = hist + BINS;
+    __shared__ unsigned sums[32];
+    __shared__ unsigned sel[3];
+    __shared__ unsigned row_lo, row_hi, bin_lo, bin_hi, taken;
     const i64 row = blockIdx.x;
     if (row >= rows) return;
     const int tid = threadIdx.x, lane = tid & 31;
     const i64 valid = positions[row] + 1;
     const float* s = scores + row * scores_row;
-    i64* o = out + row * out_row;
     if (valid <= K) {
-        for (int i = tid; i < K; i += 1024) o[i] = i < valid ? i : -1;
+        for (int i = tid; i < K; i += 1024) out[row * out_row + i] = i < valid ? i : -1;
         return;
     }
+    // The lowering bounds the context below 2^31.
+    const int n = (int)valid;
 
-    // 1. The k-th best value T.
-    const auto in_row = [s](i64 j) { return {{ name }}_order(s[j]); };
-    const auto in_shared = [cand](i64 j) { return cand[j]; };
-    unsigned prefix = 0u, want = K;
-    int shift = 32;
-    bool copied = false;
-    unsigned copies = 0u;
-    for (int width = 12; shift > 0; width = 10) {
-        width = min(width, shift);
-        shift -= width;
-        const unsigned in_bin = {{ name }}_pass(in_row, valid, shift, width, prefix, want, hist, warp_sums, found);
-        if (shift > 0 && in_bin <= CAP) {
-            if (tid == 0) taken_s = 0u;
-            __syncthreads();
-            const unsigned high = ~0u << shift;
-            for (i64 j0 = 0; j0 < valid; j0 += 1024 * {{ name }}_LOADS) {
-                unsigned u[{{ name }}_LOADS];
+    // 1. The row on chip, and 2. its least and greatest score. The held slots' loads first; then
+    // the spilled ones eight at a time (their values wait in registers until stored), so a 32k
+    // row takes three round trips to L2, the last overlapping the barrier below.
+    float x[HELD];
 #pragma unroll
-                for (int q = 0; q < {{ name }}_LOADS; ++q) {
-                    const i64 j = j0 + q * 1024 + tid;
-                    u[q] = j < valid ? in_row(j) : 0u;
-                }
+    for (int v = 0; v < HELD; ++v) {
+        const int j = v * 1024 + tid;
+        x[v] = j < n ? {{ name }}_canon(s[j]) : 0.f;
+    }
+    float* const spilled = reinterpret_cast<float*>(cand + RANKED) + tid;
+#pragma unroll 1
+    for (int v0 = HELD; v0 < SLOTS && v0 * 1024 < n; v0 += 8) {
+        float y[8];
 #pragma unroll
-                for (int q = 0; q < {{ name }}_LOADS; ++q) {
-                    const i64 j = j0 + q * 1024 + tid;
-                    const bool take = j < valid && (u[q] & high) == prefix;
-                    const unsigned ballot = __ballot_sync(0xffffffffu, take);
-                    unsigned base = 0u;
-                    if (lane == 0 && ballot) base = atomicAdd(&taken_s, (unsigned)__popc(ballot));
-                    base = __shfl_sync(0xffffffffu, base, 0);
-                    if (take) cand[base + __popc(ballot & ((1u << lane) - 1u))] = u[q];
-                }
-            }
-            __syncthreads();
-            copies = in_bin;
-            copied = true;
-            break;
+        for (int q = 0; q < 8; ++q) {
+            const int j = (v0 + q) * 1024 + tid;
+            y[q] = v0 + q < SLOTS && j < n ? {{ name }}_canon(s[j]) : 0.f;
         }
+#pragma unroll
+        for (int q = 0; q < 8; ++q)
+            if (v0 + q < SLOTS) spilled[(v0 + q - HELD) * 1024] = y[q];
     }
-    if (copied) {
-        while (shift > 0) {
-            const int width = min(12, shift);
-            shift -= width;
-            {{ name }}_pass(in_shared, copies, shift, width, prefix, want, hist, warp_sums, found);
+    hist[tid] = 0u;
+    if (tid == 0) {
+        row_lo = bin_lo = ~0u;
+        row_hi = bin_hi = 0u;
+        taken = 0u;
+    }
+    __syncthreads();
+    unsigned lo_u = ~0u, hi_u = 0u;
+    {{ name }}_visit(x, spilled, s, n, [&](float f, bool in) {
+        if (in) {
+            const unsigned u = {{ name }}_order(f);
+            lo_u = min(lo_u, u);
+            hi_u = max(hi_u, u);
         }
+    });
+    lo_u = __reduce_min_sync(0xffffffffu, lo_u);
+    hi_u = __reduce_max_sync(0xffffffffu, hi_u);
+    if (lane == 0) {
+        atomicMin(&row_lo, lo_u);
+        atomicMax(&row_hi, hi_u);
     }
-    const unsigned threshold = prefix, ties = want;
+    __syncthreads();
 
-    // 2. The keys above T and the first `ties` keys equal to T, each at its rank in key order.
-    unsigned above_before = 0u, equal_before = 0u;
-    for (i64 c0 = 0; c0 < valid; c0 += 1024 * CHUNK) {
-        unsigned u[CHUNK], above = 0u, equal = 0u;
-#pragma unroll
-        for (int v = 0; v < CHUNK; ++v) {
-            const i64 j = c0 + (i64)tid * CHUNK + v;
-            u[v] = j < valid ? in_row(j) : 0u;
-            above += j < valid && u[v] > threshold;
-            equal += j < valid && u[v] == threshold;
-        }
-        // Both counts of a chunk are at most 8192, so they share one scan in two half-words.
-        unsigned total;
-        const unsigned before = {{ name }}_scan(above | equal << 16, warp_sums, total);
-        unsigned a = above_before + (before & 0xffffu), e = equal_before + (before >> 16);
-#pragma unroll
-        for (int v = 0; v < CHUNK; ++v) {
-            const i64 j = c0 + (i64)tid * CHUNK + v;
-            if (j >= valid) break;
-            if (u[v] > threshold) {
-                o[a + min(e, ties)] = j;
-                ++a;
-            } else if (u[v] == threshold) {
-                if (e < ties) o[a + e] = j;
-                ++e;
+    // 3. The histogram: bins linear in the score where the range allows.
+    const float lo = {{ name }}_value(row_lo), span = __fsub_rn({{ name }}_value(row_hi), lo);
+    const float scale = __fdiv_rn((float)BINS, span);
+    const bool linear = span > 0.f && isfinite(span) && isfinite(scale);
+    const auto bin = [=](float f) -> unsigned {
+        return linear ? min((unsigned)BINS - 1u, __float2uint_rz(__fmul_rn(__fsub_rn(f, lo), scale)))
+                      : {{ name }}_order(f) >> 22;
+    };
+    {{ name }}_visit(x, spilled, s, n, [&](float f, bool in) {
+        if (in) atomicAdd(&hist[bin(f)], 1u);
+    });
+    __syncthreads();
+
+    // 4. The bin of the k-th best, and how many of the k it still has to give.
+    {{ name }}_pick(hist, BINS, K, sums, sel);
+    const unsigned cut_bin = sel[0], in_cut = sel[2];
+    unsigned want = K - sel[1];
+
+    // 5. The k-th best value T (as its order) and how many keys equal to T make the cut.
+    unsigned threshold, ties;
+    if (in_cut <= RANKED) {
+        {{ name }}_visit(x, spilled, s, n, [&](float f, bool in) {
+            const bool take = in && bin(f) == cut_bin;
+            const unsigned ballot = __ballot_sync(0xffffffffu, take);
+            if (ballot) {
+                unsigned base = 0u;
+                if (lane == 0) base = atomicAdd(&taken, (unsigned)__popc(ballot));
+                base = __shfl_sync(0xffffffffu, base, 0);
+                if (take) cand[base + __popc(ballot & ((1u << lane) - 1u))] = {{ name }}_order(f);
+            }
+        });
+        __syncthreads();
+        // g threads a candidate, each comparing it with every g-th other.
+        const int c = (int)in_cut;
+        int g = 32;
+        while (g * c > 1024) g >>= 1;
+        const int i = tid / g, part = tid % g;
+        const unsigned ui = i < c ? cand[i] : 0u;
+        unsigned better = 0u, earlier = 0u;
+        if (i < c) {
+            for (int j = part; j < c; j += g) {
+                const unsigned uj = cand[j];
+                better += uj > ui;
+                earlier += uj == ui && j < i;
             }
         }
-        above_before += total & 0xffffu;
-        equal_before += total >> 16;
-        if (above_before + min(equal_before, ties) >= (unsigned)K) break;
+        for (int d = g >> 1; d > 0; d >>= 1) {
+            better += __shfl_xor_sync(0xffffffffu, better, d);
+            earlier += __shfl_xor_sync(0xffffffffu, earlier, d);
+        }
+        // Exactly one candidate has want − 1 better ones, counting equal ones in slot order.
+        if (part == 0 && i < c && better + earlier == want - 1) {
+            sel[0] = ui;
+            sel[1] = want - better;
+        }
+        __syncthreads();
+        threshold = sel[0];
+        ties = sel[1];
+    } else {
+        // The cut bin's keys are exactly those whose order lies between its least and greatest
+        // (the bin never decreases), so the radix passes need no bin test.
+        unsigned a = ~0u, b = 0u;
+        {{ name }}_visit(x, spilled, s, n, [&](float f, bool in) {
+            if (in && bin(f) == cut_bin) {
+                const unsigned u = {{ name }}_order(f);
+                a = min(a, u);
+                b = max(b, u);
+            }
+        });
+        a = __reduce_min_sync(0xffffffffu, a);
+        b = __reduce_max_sync(0xffffffffu, b);
+        if (lane == 0) {
+            atomicMin(&bin_lo, a);
+            atomicMax(&bin_hi, b);
+        }
+        __syncthreads();
+        unsigned ulo = bin_lo, uhi = bin_hi;
+        while (ulo < uhi) {
+            const int shift = max(0, 32 - __clz((int)(uhi - ulo)) - 10);
+            const int bins = (int)((uhi - ulo) >> shift) + 1;
+            if (tid < bins) hist[tid] = 0u;
+            __syncthreads();
+            {{ name }}_visit(x, spilled, s, n, [&](float f, bool in) {
+                const unsigned u = {{ name }}_order(f);
+                if (in && u >= ulo && u <= uhi) atomicAdd(&hist[(u - ulo) >> shift], 1u);
+            });
+            __syncthreads();
+            {{ name }}_pick(hist, bins, want, sums, sel);
+            const unsigned base = ulo + (sel[0] << shift);
+            want -= sel[1];
+            uhi = base + min(uhi - base, (1u << shift) - 1u);
+            ulo = base;
+        }
+        threshold = ulo;
+        ties = want;
+    }
+
+    // 6. The keys above T and the first `ties` equal to T, at their ranks in key order.
+    {{ name }}_Cut cut{ {{ name }}_value(threshold), ties, 0u, 0u, out + row * out_row };
+    bool done = {{ name }}_write(x, spilled, SLOTS - HELD, 0, n, cut, hist, sums);
+    for (int j0 = SLOTS * 1024; {{ name }}_TAIL && !done && j0 < n; j0 += 8 * 1024) {
+        float y[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int j = j0 + q * 1024 + tid;
+            y[q] = j < n ? {{ name }}_canon(s[j]) : 0.f;
+        }
+        done = {{ name }}_write(y, nullptr, 0, j0, n, cut, hist, sums);
     }
 }

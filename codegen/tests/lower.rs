@@ -223,6 +223,39 @@ fn every_kernel_fits_sm120s_shared_memory() {
     }
 }
 
+/// `dsa.topk` holds a row of up to 32k keys on chip, 1024 threads × slots: the first 9 slots in
+/// registers and the rest in dynamic shared memory, which with the histogram (1024 words), the
+/// ranked candidates (256) and the 160 static bytes stays within SM120's 99 KiB; a longer context
+/// holds 8 + 23 slots (its passes' loads of the rest take a register) and reads the rest.
+#[test]
+fn dsa_topk_holds_the_row_on_chip_within_sm120s_shared_memory() {
+    for (context, slots, held, tail) in [
+        (1u64, 1u64, 1u64, false),
+        (4096, 4, 4, false),
+        (8192, 8, 8, false),
+        (8193, 9, 9, false),
+        (16384, 16, 9, false),
+        (32768, 32, 9, false),
+        (32769, 31, 8, true),
+        (131072, 31, 8, true),
+    ] {
+        let limits = glmc_codegen::Limits {
+            max_context: context,
+            ..LIMITS
+        };
+        let l = lower_module(&module("tiny-sparse.ron").1, Target::Sm120, limits).unwrap();
+        let k = kernels_of(&l, "decode", "dsa.topk")[0];
+        assert_eq!(k.params["slots"], slots.to_string(), "{context}");
+        assert_eq!(k.params["held"], held.to_string(), "{context}");
+        assert_eq!(k.params["tail"], tail.to_string(), "{context}");
+        assert_eq!(
+            k.shared_bytes as u64,
+            (1024 + 256 + (slots - held) * 1024) * 4
+        );
+        assert!(k.shared_bytes + 160 <= Target::Sm120.max_shared_memory_per_block());
+    }
+}
+
 /// A bf16 GEMM has two kernels with complementary guards on the row count: the 16-row skinny
 /// one for up to 16 rows, and for more the tiled one (prefill) or the 64-row skinny one
 /// (decode).

@@ -2967,11 +2967,12 @@ fn topk_on_gpu(
 
 /// `dsa.topk` where the cut falls inside long runs of equal scores, exactly against the
 /// interpreter (the lower keys of a run make the cut), in two rows (the whole context, and about
-/// half of it): every score equal over 32768 keys (more than the kernel's shared candidates, so
-/// its select stays in the row), three levels over 20000 keys (the run is copied to shared
-/// memory), signed zeros below 1000 positive scores over 5000 keys (−0.0 and +0.0 are one value),
-/// 65536 scores within 2^-10 of 1 (the first pass leaves them all in one bin), and 131072
-/// uniform scores.
+/// half of it): every score equal over 40000 keys (a zero range: the kernel's fallback bins, and
+/// keys beyond the 31744 it holds on chip), three levels over 20000 keys (a cut bin too full to
+/// rank, of one value), signed zeros below 1000 positive scores over 5000 keys (−0.0 and +0.0 are
+/// one value), 65536 scores within 2^-10 of 1, uniform scores with one outlier of 10^30 over
+/// 40000 keys (every other key in one linear bin: radix passes, on chip and beyond it), and
+/// 131072 uniform scores.
 #[test]
 #[ignore = "gpu"]
 fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
@@ -2981,10 +2982,11 @@ fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
     let (m, f) = topk_module("decode", "b", TOP_K);
     let mut failures = Vec::new();
     for (case, context) in [
-        ("every score equal", 32768usize),
+        ("every score equal", 40000usize),
         ("three levels", 20000),
         ("signed zeros", 5000),
         ("within 2^-10 of 1", 65536),
+        ("one outlier", 40000),
         ("uniform", 131072),
     ] {
         let score = |j: usize, rng: &mut Rng| -> f32 {
@@ -2994,6 +2996,7 @@ fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
                 "signed zeros" if j.is_multiple_of(5) => rng.uniform() + 1e-3,
                 "signed zeros" => [0.0, -0.0, -1.0][(rng.next() % 3) as usize],
                 "within 2^-10 of 1" => 1.0 + rng.uniform() / 1024.0,
+                "one outlier" if j == 777 => 1e30,
                 _ => rng.uniform(),
             }
         };
