@@ -1005,6 +1005,22 @@ const SKINNY_GEMM: GemmTile = GemmTile {
     tiled: None,
 };
 
+/// Whether the 16-row skinny GEMMs below run on a persistent grid ([`persistent_blocks`]). A
+/// block per tile streams only its tile's weights (16 columns × K: 64 KB at K = 2048) and then
+/// drains its ring, reduces and exits, so at K = 2048 every GLM-5 decode projection stayed near
+/// 75% of the copy bandwidth whatever the ring's depth (tests/gpu/results/2026-12-01q, call D):
+/// q_b_proj's 1024 tiles are 2.6 waves of 396 blocks, each wave starting from empty rings. A
+/// persistent block keeps its ring full from one tile into the next. Both grids are timed by
+/// `glm5_skinny_gemm_variants_are_timed`.
+const SKINNY_16_PERSISTENT: bool = false;
+/// The skinny GEMM whose blocks walk the tiles of a persistent grid ([`persistent_blocks`]).
+const PERSISTENT_SKINNY: &str = "gemm_skinny_persistent";
+const SKINNY_16_TEMPLATE: &str = if SKINNY_16_PERSISTENT {
+    PERSISTENT_SKINNY
+} else {
+    "gemm_skinny"
+};
+
 /// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
 /// tile, so a quarter of the accumulators. ptxas gave the 64-row kernel 115 registers on sm_90a
 /// (two blocks an SM), and every GLM-5 decode projection but the lm_head reached only 50-66% of
@@ -1016,7 +1032,7 @@ const SKINNY_GEMM: GemmTile = GemmTile {
 /// 86–103% of the copy bandwidth; four chunks at two blocks won one sweep at 8 rows and lost the
 /// other by up to 20%. Prefetching won on every shape.
 const SKINNY_GEMM_16: GemmTile = GemmTile {
-    template: "gemm_skinny",
+    template: SKINNY_16_TEMPLATE,
     rows: 16,
     cols: 16,
     shared: 8 * 8 * 32 * 4,
@@ -1038,7 +1054,7 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
 /// expert were within 1 µs of their best variants. Four blocks an SM (64 registers) now spill
 /// on sm_90a, so three.
 const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
-    template: "gemm_skinny",
+    template: SKINNY_16_TEMPLATE,
     rows: 16,
     cols: 8,
     shared: 8 * 4 * 32 * 4,
@@ -1061,7 +1077,7 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
 /// (tests/gpu/results/2026-12-01q, call C). Four blocks took 5.0 µs there but spill 20 bytes on
 /// sm_90a; six chunks spill on sm_120.
 const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
-    template: "gemm_skinny",
+    template: SKINNY_16_TEMPLATE,
     rows: 16,
     cols: 64,
     shared: 8 * 4 * 32 * 4,
@@ -1080,7 +1096,7 @@ const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
 /// The same for K up to 16 chunks (the per-head attn product, K = 512: 7.8–9.2 µs split 8 ways,
 /// torch.matmul 6.9): two warps a column tile, eight chunks each, four in flight.
 const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
-    template: "gemm_skinny",
+    template: SKINNY_16_TEMPLATE,
     rows: 16,
     cols: 32,
     shared: 8 * 4 * 32 * 4,
@@ -1102,6 +1118,16 @@ const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
 fn narrow_weight_columns() -> u64 {
     let sms = Target::ALL.iter().map(|t| t.sm_count()).max().unwrap_or(0);
     2 * u64::from(sms) * 16
+}
+
+/// Blocks of a persistent grid for `tiles` tiles at `blocks_per_sm` blocks an SM: every block
+/// resident at once, and the tiles shared evenly, ⌈tiles / blocks⌉ each, with no more blocks
+/// than that share needs, so that all of them finish together instead of some walking one tile
+/// more (q_b_proj's 1024 tiles on an H200's 3 × 132 slots: 342 blocks of 3 tiles, not 396 of
+/// 2 or 3). Fewer tiles than slots: a block each.
+pub fn persistent_blocks(tiles: u64, blocks_per_sm: u64, target: Target) -> u64 {
+    let slots = u64::from(target.sm_count()) * blocks_per_sm.max(1);
+    tiles.div_ceil(tiles.div_ceil(slots).max(1))
 }
 
 /// SIMT for a few rows, any dtype: 8 rows × 16 columns, one warp per column pair, K split over
@@ -1341,15 +1367,24 @@ fn matmul(
         args.push(int("rows_per_position", per_position));
     }
     args.push(int("rows", xl.rows.clone()));
-    // Whole row tiles times the column tiles of every head; blocks past the last row tile
-    // return at once.
+    // Whole row tiles times the column tiles of every head, or the persistent grid for one row
+    // tile (the 16-row tiles' rows): its blocks walk every tile, so more rows still compute.
     let col_tiles = cols.div_ceil(tile.cols) * h;
-    let grid = GridDim {
-        work: xl
-            .rows
-            .add(&Poly::constant(tile.rows as i64 - 1))
-            .scale(col_tiles as i64),
-        per_block: tile.rows,
+    let grid = if tile.template == PERSISTENT_SKINNY {
+        let per_sm = tile
+            .params
+            .iter()
+            .find_map(|&(k, v)| (k == "min_blocks").then_some(v))
+            .unwrap_or(1);
+        GridDim::fixed(persistent_blocks(col_tiles, per_sm, cx.target))
+    } else {
+        GridDim {
+            work: xl
+                .rows
+                .add(&Poly::constant(tile.rows as i64 - 1))
+                .scale(col_tiles as i64),
+            per_block: tile.rows,
+        }
     };
     Ok((b.planned(grid, args), xl.rows))
 }
@@ -2309,4 +2344,26 @@ fn moe_combine(cx: &NodeCtx, shared: bool) -> Result<Lowering, String> {
     }
     args.push(int("tokens", tokens.clone()));
     Ok(b.launch(GridDim::one_block_each(tokens), args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_persistent_grid_is_resident_and_shares_the_tiles_evenly() {
+        // q_b_proj's 1024 tiles at three blocks an SM: 3 each on an H200's 396 slots, 2 each on
+        // SM120's 564.
+        assert_eq!(persistent_blocks(1024, 3, Target::Sm90a), 342);
+        assert_eq!(persistent_blocks(1024, 3, Target::Sm120a), 512);
+        // No more tiles than slots: a block each.
+        assert_eq!(persistent_blocks(384, 3, Target::Sm90a), 384);
+        // The lm_head's 9680: 25 each.
+        assert_eq!(persistent_blocks(9680, 3, Target::Sm90a), 388);
+        for tiles in 1..2000 {
+            let blocks = persistent_blocks(tiles, 3, Target::Sm90a);
+            assert!(blocks <= 396);
+            assert_eq!(tiles.div_ceil(blocks), tiles.div_ceil(396));
+        }
+    }
 }

@@ -30,6 +30,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("gemm_head.cuh", include_str!("../templates/gemm_head.cuh")),
     ("gemm_mma", include_str!("../templates/gemm_mma.cu")),
     ("gemm_skinny", include_str!("../templates/gemm_skinny.cu")),
+    (
+        "gemm_skinny_persistent",
+        include_str!("../templates/gemm_skinny_persistent.cu"),
+    ),
     ("gemv", include_str!("../templates/gemv.cu")),
     ("matmul", include_str!("../templates/matmul.cu")),
     ("mla_absorbed", include_str!("../templates/mla_absorbed.cu")),

@@ -3,7 +3,7 @@
 // with the weights [E, {{ n }}, {{ k }}] of the expert owning row r, in FP32 FMA for any dtype.
 // A work item is (a run of up to ROWS = {{ rows }} rows of one expert, 16 columns): the grid has
 // one slot per routed row and column tile, and a slot works only if its row starts a run
-// (found by a binary search of the offsets), so an expert without rows costs nothing and the
+// (found from the offsets), so an expert without rows costs nothing and the
 // grid does not grow with the expert count. 8 warps × 2 columns: a warp streams its two columns'
 // weight rows once, together ({% if swiglu %}gate and up, {% endif %}{{ vec }} elements per lane per 16-byte load) against all
 // of the run's rows, which it reads through L1 (every warp of the block reads the same rows),
@@ -29,11 +29,15 @@ extern "C" __global__ void __launch_bounds__(256) {{ name }}(
     __shared__ const {{ x_t }}* xs[ROWS];
     const i64 slot = blockIdx.x / TILES;
     const int n0 = (int)(blockIdx.x % TILES) * COLS;
-    // The expert owning row `slot`: the last e with offsets[e] <= slot.
-    int lo = 0, hi = E;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (offsets[mid] <= slot) lo = mid; else hi = mid;
+    // The expert owning row `slot`: the last e with offsets[e] <= slot, i.e. (offsets being
+    // sorted, offsets[0] = 0) the count of e in 1..E-1 with offsets[e] <= slot, which the block's
+    // threads take together: one round of loads from L2, where a binary search made log2(E)
+    // dependent round trips (8 for 256 experts) before a block could load its first weight,
+    // which at decode it then streams for only 16 columns × K (moe.down: 64 KB).
+    int lo = 0;
+    for (int e0 = 0; e0 < E; e0 += {{ threads }}) {
+        const int e = e0 + (int)threadIdx.x;
+        lo += __syncthreads_count(e >= 1 && e < E && offsets[e] <= slot);
     }
     const i64 start = offsets[lo], end = offsets[lo + 1];
     if (slot >= end || (slot - start) % ROWS != 0) return;

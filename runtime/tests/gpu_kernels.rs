@@ -21,8 +21,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use glmc_codegen::artifact::{self, WeightEntry};
-use glmc_codegen::expr::{Bindings, Guard};
-use glmc_codegen::kernels::{TiledGemm, TILED_GEMM, TILED_GEMM_VARIANTS};
+use glmc_codegen::expr::{Bindings, GridDim, Guard};
+use glmc_codegen::kernels::{persistent_blocks, TiledGemm, TILED_GEMM, TILED_GEMM_VARIANTS};
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Kernel, Phase, Step};
 use glmc_codegen::{lower_module, lower_module_with, nvcc, render, Limits, Lowered, Target};
@@ -271,16 +271,6 @@ fn run_on_gpu(
 
 /// How a variant sweep lowers a module: the lowering with a kernel's variant chosen.
 type LowerWith<'a> = dyn Fn(&Module, Target, Limits) -> Lowered + 'a;
-
-/// A lowering whose kernels `tweak` edited the template parameters of (only parameters that
-/// leave every launch's grid and arguments as they are: a variant of one kernel).
-fn tweaked(tweak: impl Fn(&mut Kernel)) -> impl Fn(&Module, Target, Limits) -> Lowered {
-    move |m, t, l| {
-        let mut lowered = lower_module(m, t, l).unwrap();
-        lowered.kernels.iter_mut().for_each(&tweak);
-        lowered
-    }
-}
 
 /// The source of `module`'s kernels as `lower` lowers it.
 fn variant_source(module: &Module, target: Target, limits: Limits, lower: &LowerWith) -> String {
@@ -1491,36 +1481,84 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Variants of the 16-row skinny GEMM the sweep below times: (weight chunks in flight per warp,
-/// blocks an SM, L2 prefetch bytes), for 16-column tiles and for the narrow weights' 8-column ones.
-const SKINNY_VARIANTS: [&[(u64, u64, u64)]; 2] = [
+/// A variant of the 16-row skinny GEMM: weight chunks in flight per warp, blocks an SM, L2
+/// prefetch bytes, and whether the grid is persistent (`persistent_blocks`) or a block per tile.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct SkinnyVariant {
+    depth: u64,
+    blocks: u64,
+    prefetch: u64,
+    persistent: bool,
+}
+
+impl SkinnyVariant {
+    const fn new(depth: u64, blocks: u64, persistent: bool) -> SkinnyVariant {
+        SkinnyVariant {
+            depth,
+            blocks,
+            prefetch: 256,
+            persistent,
+        }
+    }
+
+    /// Its grid for a kernel of `tiles` tiles (at most 16 rows: one row tile).
+    fn blocks_for(&self, tiles: u64, target: Target) -> u64 {
+        if self.persistent {
+            persistent_blocks(tiles, self.blocks, target)
+        } else {
+            tiles
+        }
+    }
+}
+
+/// The variants the sweep below times, for 16-column tiles and for the 8-column ones (narrow
+/// weights, short and mid K): a block per tile at the depths and blocks an SM that won some
+/// shape in tests/gpu/results/2026-12-01q (call D; no L2 prefetch lost or tied everywhere
+/// there), and persistent grids (`gemm_skinny_persistent.cu`; every one compiles without
+/// spills for sm_90a). A persistent variant whose grid is a block per tile anyway (no more
+/// tiles than slots) is the per-tile one and runs once.
+const SKINNY_VARIANTS: [&[SkinnyVariant]; 2] = [
     &[
-        (2, 4, 0),
-        (3, 3, 0),
-        (4, 3, 0),
-        (4, 2, 0),
-        (6, 2, 0),
-        (2, 4, 256),
-        (3, 3, 256),
-        (4, 3, 256),
-        (4, 2, 256),
-        (6, 2, 256),
+        SkinnyVariant::new(2, 4, false),
+        SkinnyVariant::new(3, 3, false),
+        SkinnyVariant::new(4, 2, false),
+        SkinnyVariant::new(2, 4, true),
+        SkinnyVariant::new(3, 3, true),
+        SkinnyVariant::new(4, 3, true),
+        SkinnyVariant::new(4, 2, true),
     ],
     &[
-        (4, 4, 0),
-        (6, 3, 0),
-        (8, 3, 0),
-        (8, 2, 0),
-        (12, 2, 0),
-        (4, 4, 256),
-        (6, 3, 256),
-        (8, 3, 256),
-        (8, 2, 256),
-        (12, 2, 256),
+        SkinnyVariant::new(4, 4, false),
+        SkinnyVariant::new(4, 3, false),
+        SkinnyVariant::new(8, 2, false),
+        SkinnyVariant::new(4, 4, true),
+        SkinnyVariant::new(4, 3, true),
+        SkinnyVariant::new(8, 2, true),
+        SkinnyVariant::new(12, 2, true),
     ],
 ];
 
-/// The 16-row skinny GEMM (`gemm_skinny.cu` with one row tile) in each of [`SKINNY_VARIANTS`]
+/// The template of the 16-row skinny GEMM on a persistent grid.
+const PERSISTENT_SKINNY: &str = "gemm_skinny_persistent";
+
+/// The tiles of a 16-row skinny GEMM kernel (`gemm_skinny.cu` with one row tile, or
+/// `gemm_skinny_persistent.cu`): its permuted
+/// columns (a rope block padded to an even width) in tiles of 8·nt columns × 8 / warps_k warps,
+/// times its heads.
+fn skinny_tiles(k: &Kernel) -> u64 {
+    let p = |name: &str| k.params[name].parse::<u64>().unwrap();
+    let n = p("n");
+    let cols = if k.params["rope"] == "true" {
+        let period = p("period");
+        n / period * (period + period % 2)
+    } else {
+        n
+    };
+    cols.div_ceil(8 * p("nt") * (8 / p("warps_k"))) * p("heads")
+}
+
+/// The 16-row skinny GEMM (`gemm_skinny.cu` with one row tile, `gemm_skinny_persistent.cu` on a
+/// persistent grid) in each of [`SKINNY_VARIANTS`]
 /// on every GLM-5 decode projection at 1 and 8 rows: each variant checked against the
 /// interpreter and timed as issue 14 times a decode GEMM (weights from DRAM, back to back in a
 /// CUDA graph). Writes `skinny.md` (every variant, the one the lowering ships marked) and
@@ -1550,7 +1588,8 @@ fn glm5_skinny_gemm_variants_are_timed() {
         .find(|p| p.function == f.name)
         .unwrap();
     let is_narrow_skinny = |k: &Kernel| {
-        k.template == "gemm_skinny" && k.params.get("mt").map(String::as_str) == Some("1")
+        k.template == PERSISTENT_SKINNY
+            || (k.template == "gemm_skinny" && k.params.get("mt").map(String::as_str) == Some("1"))
     };
     // One node per distinct 16-row kernel (later layers launch the same ones).
     let mut seen = std::collections::HashSet::new();
@@ -1565,49 +1604,89 @@ fn glm5_skinny_gemm_variants_are_timed() {
             mm.functions.push(mini.clone());
             let [depth, blocks, prefetch] =
                 ["depth", "min_blocks", "prefetch"].map(|p| k.params[p].parse::<u64>().unwrap());
-            let shipped = (depth, blocks, prefetch);
-            let mut variants = SKINNY_VARIANTS[usize::from(k.params["nt"] == "1")].to_vec();
-            if !variants.contains(&shipped) {
-                variants.insert(0, shipped);
+            let tiles = skinny_tiles(k);
+            // A persistent grid of a block per tile is the per-tile grid.
+            let effective = |v: SkinnyVariant| SkinnyVariant {
+                persistent: v.persistent && v.blocks_for(tiles, dev.target) < tiles,
+                ..v
+            };
+            let shipped = effective(SkinnyVariant {
+                depth,
+                blocks,
+                prefetch,
+                persistent: k.template == PERSISTENT_SKINNY,
+            });
+            let mut variants = vec![shipped];
+            for &v in SKINNY_VARIANTS[usize::from(k.params["nt"] == "1")] {
+                let v = effective(v);
+                if !variants.contains(&v) {
+                    variants.push(v);
+                }
             }
-            cases.push((l.node.clone(), mini, mm, shipped, variants));
+            cases.push((l.node.clone(), mini, mm, shipped, tiles, variants));
         }
     }
-    let tweak = |(depth, blocks, prefetch): (u64, u64, u64)| {
-        tweaked(move |k: &mut Kernel| {
-            if is_narrow_skinny(k) {
-                k.params.insert("depth".into(), depth.to_string());
-                k.params.insert("min_blocks".into(), blocks.to_string());
-                k.params.insert("prefetch".into(), prefetch.to_string());
+    let target = dev.target;
+    let tweak = |v: SkinnyVariant, tiles: u64| {
+        move |module: &Module, t: Target, limits: Limits| {
+            let mut lowered = lower_module(module, t, limits).unwrap();
+            let mut names = std::collections::HashSet::new();
+            for k in lowered.kernels.iter_mut().filter(|k| is_narrow_skinny(k)) {
+                k.template = if v.persistent {
+                    PERSISTENT_SKINNY
+                } else {
+                    "gemm_skinny"
+                }
+                .into();
+                k.params.insert("depth".into(), v.depth.to_string());
+                k.params.insert("min_blocks".into(), v.blocks.to_string());
+                k.params.insert("prefetch".into(), v.prefetch.to_string());
+                names.insert(k.name.clone());
             }
-        })
+            for step in lowered.phases.iter_mut().flat_map(|p| p.steps.iter_mut()) {
+                if let Step::Launch(l) = step {
+                    if names.contains(&l.kernel) {
+                        l.grid = GridDim::fixed(v.blocks_for(tiles, target));
+                    }
+                }
+            }
+            lowered
+        }
     };
     // Every variant compiled first, on every core, into the cubin cache the runs then read.
     let sources: Vec<String> = cases
         .iter()
-        .flat_map(|(_, _, mm, _, variants)| {
+        .flat_map(|(_, _, mm, _, tiles, variants)| {
             variants
                 .iter()
-                .map(|v| variant_source(mm, dev.target, limits, &tweak(*v)))
+                .map(|v| variant_source(mm, dev.target, limits, &tweak(*v, *tiles)))
         })
         .collect();
     compile_all(&dev, &sources);
     let mut report = format!(
-        "copy roofline measured in this run: {copy_gbs:.0} GB/s; variant = depth/blocks an SM/L2 prefetch, * = shipped\n\
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; variant = depth/blocks an SM/L2 prefetch, then the grid: `tiles` (a block per tile) or `pN` (persistent, N blocks), * = shipped\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
     );
+    let name = |v: &SkinnyVariant, tiles: u64| {
+        let grid = if v.persistent {
+            format!("p{}", v.blocks_for(tiles, target))
+        } else {
+            "tiles".to_string()
+        };
+        format!("{}/{}/{} {grid}", v.depth, v.blocks, v.prefetch)
+    };
     let mut shapes = Vec::new();
     let mut failures = Vec::new();
-    for (node, mini, mm, shipped, variants) in &cases {
+    for (node, mini, mm, shipped, tiles, variants) in &cases {
         let n = f.find(node).unwrap();
         let [heads, n_cols, k] = weight_shape(&f.node(f.operands(n)[1].node).outputs[0]);
         for rows in [1u64, 8] {
             let b = Bindings::from([("b".into(), rows), ("t".into(), 4096)]);
             let ins = inputs(mini, &b, &mut rng, 154_880, 4096);
             let want = interpret(mm, mini, &ins).unwrap();
-            let mut best: Option<(f64, (u64, u64, u64))> = None;
-            for &v in variants.iter() {
-                let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &tweak(v));
+            let mut best: Option<(f64, SkinnyVariant)> = None;
+            for v in variants {
+                let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &tweak(*v, *tiles));
                 let worst = worst_error(&run, &want, &b);
                 let err = match &worst {
                     Ok(e) => format!("{e:.1e}"),
@@ -1617,18 +1696,16 @@ fn glm5_skinny_gemm_variants_are_timed() {
                     }
                 };
                 let t = timed(&run, mini, &b, copy_gbs);
-                let mark = if v == *shipped { "*" } else { "" };
+                let mark = if v == shipped { "*" } else { "" };
                 let line = format!(
-                    "| {rows} | {node} | {heads} × {n_cols} × {k} | {}/{}/{}{mark} | {err} | {} |",
-                    v.0,
-                    v.1,
-                    v.2,
+                    "| {rows} | {node} | {heads} × {n_cols} × {k} | {}{mark} | {err} | {} |",
+                    name(v, *tiles),
                     t.cells()
                 );
                 println!("{line}");
                 writeln!(report, "{line}").unwrap();
                 if best.is_none_or(|(secs, _)| t.secs < secs) {
-                    best = Some((t.secs, v));
+                    best = Some((t.secs, *v));
                 }
                 if !mark.is_empty() {
                     shapes.push(format!(
@@ -1642,10 +1719,8 @@ fn glm5_skinny_gemm_variants_are_timed() {
             let (secs, v) = best.unwrap();
             writeln!(
                 report,
-                "| {rows} | {node} | best | {}/{}/{} | | {:.1} | | | |",
-                v.0,
-                v.1,
-                v.2,
+                "| {rows} | {node} | best | {} | | {:.1} | | | |",
+                name(&v, *tiles),
                 secs * 1e6
             )
             .unwrap();
