@@ -79,8 +79,9 @@ pub struct NodeCtx<'a> {
     /// The GPU the artifact is for: only a persistent grid's size depends on it (its tiles are
     /// SM120's on every target).
     pub target: Target,
-    /// The tile of the tiled tensor-core GEMM ([`TILED_GEMM`], or a variant being timed).
-    pub tiled_gemm: TiledGemm,
+    /// The tile of every tiled tensor-core GEMM (a variant being timed), or None for the shipped
+    /// one of its K ([`shipped_tiled_gemm`]).
+    pub tiled_gemm: Option<TiledGemm>,
     /// A prefill's `slot` input, where its `cache.update`s name one: the cache slot whose
     /// caches the node's cache operands are, read on the device so that a launch does not
     /// depend on it.
@@ -919,13 +920,13 @@ impl std::fmt::Display for TiledGemm {
     }
 }
 
-/// The tiled GEMM's tile: 128 × 128 on 8 warps of 32 × 64 through a 4-stage ring of K steps of
-/// 32 (64 KiB of swizzled tiles). Measured on an H200 against 128 × 256 tiles of 64 × 64 warps
-/// in 3 stages (padded rows, tests/gpu/results/2026-12-01e-tile128x256): this one was 4–30%
-/// faster on every GLM-5 prefill projection, but at 43% of the mma.sync ceiling, which the
-/// sweep of [`TILED_GEMM_VARIANTS`] (`glm5_tiled_gemm_variants_are_timed`) is to beat. Two
-/// blocks may share an SM where shared memory allows (an H200; not SM120's 100 KiB), so
-/// registers are held to 128 a thread.
+/// The tiled GEMM's tile for K below [`LONG_K`]: 128 × 128 on 8 warps of 32 × 64 through a
+/// 4-stage ring of K steps of 32 (64 KiB of swizzled tiles). In the sweep of
+/// [`TILED_GEMM_VARIANTS`] on an H200 (`glm5_tiled_gemm_variants_are_timed`,
+/// tests/gpu/results/2026-12-01r, call 1) it stayed the fastest on q_b_proj, the indexer's wq_b,
+/// q_absorbed and kv_b_proj (K of 2048 and less), at 43–52% of torch.matmul's rate. Two blocks may
+/// share an SM where shared memory allows (an H200; not SM120's 100 KiB), so registers are held
+/// to 128 a thread.
 pub const TILED_GEMM: TiledGemm = TiledGemm {
     bm: 128,
     bn: 128,
@@ -964,14 +965,35 @@ pub const TILED_GEMM_VARIANTS: [TiledGemm; 7] = {
         TiledGemm { stages: 6, ..wide },
         long,
         TiledGemm { group: 8, ..long },
-        TiledGemm {
-            bm: 256,
-            warps_m: 4,
-            min_blocks: 1,
-            ..wide
-        },
+        TILED_GEMM_LONG_K,
     ]
 };
+
+/// The tile for a long K (≥ [`LONG_K`]): 256 × 128 on 8 warps of 64 × 64, one block an SM
+/// (96 KiB of ring). In the sweep on an H200 (tests/gpu/results/2026-12-01r, call 1) it was the
+/// fastest or within 1.3% of it on every GLM-5 prefill GEMM with K ≥ 6144 (the dense MLP
+/// 1361–1382 µs against 1759–1894 for [`TILED_GEMM`], o_proj 1807 against 2433), and slower on
+/// every one with K ≤ 2048 but the shared expert's down projection (q_b_proj 918 against 860,
+/// q_absorbed 267 against 230), where its fewer, longer blocks leave SMs idle.
+pub const TILED_GEMM_LONG_K: TiledGemm = TiledGemm {
+    bm: 256,
+    bn: 128,
+    warps_m: 4,
+    warps_n: 2,
+    min_blocks: 1,
+    ..TILED_GEMM
+};
+/// The K from which [`TILED_GEMM_LONG_K`] ships.
+pub const LONG_K: u64 = 6144;
+
+/// The tile the compiler ships for a tiled GEMM of reduction length `k`.
+pub fn shipped_tiled_gemm(k: u64) -> TiledGemm {
+    if k >= LONG_K {
+        TILED_GEMM_LONG_K
+    } else {
+        TILED_GEMM
+    }
+}
 
 const fn tiled(v: TiledGemm) -> GemmTile {
     GemmTile {
@@ -1005,21 +1027,8 @@ const SKINNY_GEMM: GemmTile = GemmTile {
     tiled: None,
 };
 
-/// Whether the 16-row skinny GEMMs below run on a persistent grid ([`persistent_blocks`]). A
-/// block per tile streams only its tile's weights (16 columns × K: 64 KB at K = 2048) and then
-/// drains its ring, reduces and exits, so at K = 2048 every GLM-5 decode projection stayed near
-/// 75% of the copy bandwidth whatever the ring's depth (tests/gpu/results/2026-12-01q, call D):
-/// q_b_proj's 1024 tiles are 2.6 waves of 396 blocks, each wave starting from empty rings. A
-/// persistent block keeps its ring full from one tile into the next. Both grids are timed by
-/// `glm5_skinny_gemm_variants_are_timed`.
-const SKINNY_16_PERSISTENT: bool = false;
 /// The skinny GEMM whose blocks walk the tiles of a persistent grid ([`persistent_blocks`]).
 const PERSISTENT_SKINNY: &str = "gemm_skinny_persistent";
-const SKINNY_16_TEMPLATE: &str = if SKINNY_16_PERSISTENT {
-    PERSISTENT_SKINNY
-} else {
-    "gemm_skinny"
-};
 
 /// The same for at most 16 rows (a decode batch of up to 16, a prefill's last rows): one row
 /// tile, so a quarter of the accumulators. ptxas gave the 64-row kernel 115 registers on sm_90a
@@ -1032,7 +1041,7 @@ const SKINNY_16_TEMPLATE: &str = if SKINNY_16_PERSISTENT {
 /// 86–103% of the copy bandwidth; four chunks at two blocks won one sweep at 8 rows and lost the
 /// other by up to 20%. Prefetching won on every shape.
 const SKINNY_GEMM_16: GemmTile = GemmTile {
-    template: SKINNY_16_TEMPLATE,
+    template: "gemm_skinny",
     rows: 16,
     cols: 16,
     shared: 8 * 8 * 32 * 4,
@@ -1048,13 +1057,40 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
     tiled: None,
 };
 
+/// The 16-column tile on a persistent grid (`gemm_skinny_persistent.cu`), for a short K (at most
+/// 64 chunks of 32) over more than two waves of [`SKINNY_GEMM_16`]'s tiles: GLM-5's q_b_proj
+/// (16384 × 2048). A block per tile streams only 16 columns × K (64 KB at K = 2048) and then
+/// drains its ring, reduces and exits, so that shape stayed near 75% of the copy bandwidth
+/// whatever the ring's depth (tests/gpu/results/2026-12-01q, call D); a persistent block refills
+/// its ring from its next tile before reducing this one. In the sweep on an H200
+/// (tests/gpu/results/2026-12-01r, call 1) four chunks at two blocks an SM took q_b_proj from
+/// 21.4 to 19.0 µs at one row (82.5% of the copy bandwidth) and from 23.0 to 20.2 at eight; where
+/// the tiles fit about one wave (o_proj, the shared expert's down projection) or K is long, the
+/// block per tile stayed faster.
+const SKINNY_GEMM_16_STREAMED: GemmTile = GemmTile {
+    template: PERSISTENT_SKINNY,
+    rows: 16,
+    cols: 16,
+    shared: 8 * 8 * 32 * 4,
+    dynamic: false,
+    params: &[
+        ("depth", 4),
+        ("min_blocks", 2),
+        ("mt", 1),
+        ("nt", 2),
+        ("prefetch", 256),
+        ("warps_k", 8),
+    ],
+    tiled: None,
+};
+
 /// The 16-row one for a narrow weight: 8 columns a block, so twice the blocks. Four chunks in
 /// flight: in the same sweep the indexer's wq_b (4096 × 2048) took 7.2 µs against 9.6 with six
 /// chunks (at four blocks an SM against three), and the fused q_a projection and the shared
 /// expert were within 1 µs of their best variants. Four blocks an SM (64 registers) now spill
 /// on sm_90a, so three.
 const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
-    template: SKINNY_16_TEMPLATE,
+    template: "gemm_skinny",
     rows: 16,
     cols: 8,
     shared: 8 * 4 * 32 * 4,
@@ -1077,7 +1113,7 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
 /// (tests/gpu/results/2026-12-01q, call C). Four blocks took 5.0 µs there but spill 20 bytes on
 /// sm_90a; six chunks spill on sm_120.
 const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
-    template: SKINNY_16_TEMPLATE,
+    template: "gemm_skinny",
     rows: 16,
     cols: 64,
     shared: 8 * 4 * 32 * 4,
@@ -1096,7 +1132,7 @@ const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
 /// The same for K up to 16 chunks (the per-head attn product, K = 512: 7.8–9.2 µs split 8 ways,
 /// torch.matmul 6.9): two warps a column tile, eight chunks each, four in flight.
 const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
-    template: SKINNY_16_TEMPLATE,
+    template: "gemm_skinny",
     rows: 16,
     cols: 32,
     shared: 8 * 4 * 32 * 4,
@@ -1183,7 +1219,7 @@ fn gemm_tile(
     xl: &Lead,
     x_head: &Poly,
     k: u64,
-    tiled_gemm: TiledGemm,
+    tiled_gemm: Option<TiledGemm>,
 ) -> GemmTile {
     let bf16 = x.dtype == DType::BF16 && w.dtype == DType::BF16;
     let aligned = [&xl.row_stride, &xl.outer_stride, x_head]
@@ -1192,7 +1228,7 @@ fn gemm_tile(
         && x.offset_bytes.divisible_by(16);
     let tensor_cores = bf16 && aligned && k.is_multiple_of(8);
     match (tensor_cores, many_rows(&xl.rows)) {
-        (true, true) => tiled(tiled_gemm),
+        (true, true) => tiled(tiled_gemm.unwrap_or_else(|| shipped_tiled_gemm(k))),
         (true, false) => SKINNY_GEMM,
         (false, true) => SIMT_GEMM,
         (false, false) if is_narrow(w) => SIMT_GEMV_SPLIT,
@@ -1219,10 +1255,14 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
     }
     let wide_sources = cx.sources.take();
     let w = &cx.operands[1];
+    // More 16-column tiles than two waves at three blocks an SM.
+    let many_tiles = weight_columns(w)
+        .is_some_and(|c| c.div_ceil(16) > 2 * 3 * u64::from(cx.target.sm_count()));
     let narrow_tile = match const_dim(w, w.shape.len() - 1, "the weight")?.div_ceil(32) {
         0..=8 => SKINNY_GEMM_16_SHORT_K,
         9..=16 => SKINNY_GEMM_16_MID_K,
         _ if is_narrow(w) => SKINNY_GEMM_16_NARROW,
+        17..=64 if many_tiles => SKINNY_GEMM_16_STREAMED,
         _ => SKINNY_GEMM_16,
     };
     let (mut narrow, _) = matmul(cx, heads, rope, Some(narrow_tile), None)?;

@@ -29,7 +29,7 @@ use glmc_passes::plan_memory::{decode_bindings, place, Live};
 use sha2::{Digest, Sha256};
 
 use crate::expr::{Bindings, Poly};
-use crate::kernels::{self, Lowering, NodeCtx, Planned, Source, TiledGemm, TILED_GEMM};
+use crate::kernels::{self, Lowering, NodeCtx, Planned, Source, TiledGemm};
 use crate::layout::{Buf, TensorRef};
 use crate::schedule::{ArgValue, Collective, CollectiveOp, Kernel, Launch, Phase, Step};
 use crate::target::Target;
@@ -110,16 +110,27 @@ pub fn lower_module(
     target: Target,
     limits: Limits,
 ) -> Result<Lowered, LowerError> {
-    lower_module_with(module, target, limits, TILED_GEMM)
+    lower_tiled(module, target, limits, None)
 }
 
 /// [`lower_module`] with `tiled_gemm` as the tile of every tiled tensor-core GEMM (a variant
-/// that a sweep times against the shipped [`TILED_GEMM`]).
+/// that a sweep times against the shipped ones, [`kernels::shipped_tiled_gemm`]).
 pub fn lower_module_with(
     module: &Module,
     target: Target,
     limits: Limits,
     tiled_gemm: TiledGemm,
+) -> Result<Lowered, LowerError> {
+    lower_tiled(module, target, limits, Some(tiled_gemm))
+}
+
+/// The lowering with `tiled_gemm` as every tiled GEMM's tile, or (None) the shipped tile for
+/// each GEMM's K.
+fn lower_tiled(
+    module: &Module,
+    target: Target,
+    limits: Limits,
+    tiled_gemm: Option<TiledGemm>,
 ) -> Result<Lowered, LowerError> {
     let mut kernels = KernelTable::default();
     let mut phases = Vec::new();
@@ -186,7 +197,7 @@ struct State<'a> {
     f: &'a Function,
     target: Target,
     limits: Limits,
-    tiled_gemm: TiledGemm,
+    tiled_gemm: Option<TiledGemm>,
     bindings: Bindings,
     locs: HashMap<Value, Loc>,
     buffers: Vec<ArenaBuffer>,
@@ -409,7 +420,7 @@ pub fn lower_function(
     f: &Function,
     target: Target,
     limits: Limits,
-    tiled_gemm: TiledGemm,
+    tiled_gemm: Option<TiledGemm>,
     kernels: &mut KernelTable,
 ) -> Result<Phase, LowerError> {
     let order = f.canonical_order();

@@ -101,10 +101,11 @@ fn every_tiled_gemm_variant_compiles_without_local_memory() {
     }
 }
 
-/// `gemm_skinny_persistent.cu`, which the lowering does not pick yet (kernels.rs:
-/// SKINNY_16_PERSISTENT), in place of every 16-row skinny GEMM of GLM-5 (dense attention too):
-/// it renders (the wait check included) and compiles for both targets, with no local memory on
-/// sm_90a, where the sweep times it. On sm_120a the attention product's tile (two warps a
+/// `gemm_skinny_persistent.cu`, which the lowering picks for a short K over many tiles only
+/// (kernels.rs: SKINNY_GEMM_16_STREAMED; the shipped kernels' test above holds it to no local
+/// memory on both targets), in place of every 16-row skinny GEMM of GLM-5 (dense attention too),
+/// as the skinny sweep times it: it renders (the wait check included) and compiles for both
+/// targets, with no local memory on sm_90a. On sm_120a the attention product's tile (two warps a
 /// column tile, four blocks an SM) spills 4 bytes: to be fixed before it ships there.
 #[test]
 fn the_persistent_skinny_gemm_compiles_for_every_16_row_gemm() {

@@ -662,8 +662,9 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
     for (name, m) in &modules {
         let mut l = lower_module(m, Target::Sm120, LIMITS).unwrap();
         assert!(l.programmatic_launch, "{name}");
-        // The 16-row skinny GEMMs as the persistent template too, which the lowering does not
-        // pick yet (kernels.rs: SKINNY_16_PERSISTENT) but the skinny sweep times.
+        // The 16-row skinny GEMMs as the persistent template too: the lowering picks it for a
+        // short K over many tiles only (kernels.rs: SKINNY_GEMM_16_STREAMED), the skinny sweep
+        // times it on every one.
         let persistent: Vec<_> = l
             .kernels
             .iter()
