@@ -1256,8 +1256,8 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
     let wide_sources = cx.sources.take();
     let w = &cx.operands[1];
     // More 16-column tiles than two waves at three blocks an SM.
-    let many_tiles = weight_columns(w)
-        .is_some_and(|c| c.div_ceil(16) > 2 * 3 * u64::from(cx.target.sm_count()));
+    let many_tiles =
+        weight_columns(w).is_some_and(|c| c.div_ceil(16) > 2 * 3 * u64::from(cx.target.sm_count()));
     let narrow_tile = match const_dim(w, w.shape.len() - 1, "the weight")?.div_ceil(32) {
         0..=8 => SKINNY_GEMM_16_SHORT_K,
         9..=16 => SKINNY_GEMM_16_MID_K,

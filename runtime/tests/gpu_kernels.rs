@@ -1728,9 +1728,15 @@ fn glm5_skinny_gemm_variants_are_timed() {
             .unwrap();
         }
     }
-    std::fs::write(out_dir().join("skinny.md"), &report).unwrap();
+    finish_sweep("skinny", &report, &shapes, &failures);
+}
+
+/// Writes a variant sweep's report (`STEM.md`) and its shapes for `scripts/torch_gemm.py`
+/// (`STEM.json`), then fails if any variant did.
+fn finish_sweep(stem: &str, report: &str, shapes: &[String], failures: &[String]) {
+    std::fs::write(out_dir().join(format!("{stem}.md")), report).unwrap();
     std::fs::write(
-        out_dir().join("skinny.json"),
+        out_dir().join(format!("{stem}.json")),
         format!("[\n{}\n]\n", shapes.join(",\n")),
     )
     .unwrap();
@@ -1883,13 +1889,7 @@ fn glm5_tiled_gemm_variants_are_timed() {
             .unwrap();
         }
     }
-    std::fs::write(out_dir().join("tiled.md"), &report).unwrap();
-    std::fs::write(
-        out_dir().join("tiled.json"),
-        format!("[\n{}\n]\n", shapes.join(",\n")),
-    )
-    .unwrap();
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    finish_sweep("tiled", &report, &shapes, &failures);
 }
 
 /// `shape` of values a bf16 holds exactly, uniform in [−1, 1) times `scale`.
