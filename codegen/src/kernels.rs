@@ -924,7 +924,7 @@ impl std::fmt::Display for TiledGemm {
 /// 4-stage ring of K steps of 32 (64 KiB of swizzled tiles). In the sweep of
 /// [`TILED_GEMM_VARIANTS`] on an H200 (`glm5_tiled_gemm_variants_are_timed`,
 /// tests/gpu/results/2026-12-01r, call 1) it stayed the fastest on q_b_proj, the indexer's wq_b,
-/// q_absorbed and kv_b_proj (K of 2048 and less), at 43–52% of torch.matmul's rate. Two blocks may
+/// q_absorbed and kv_b_proj (K of 2048 and less), at 42–52% of torch.matmul's rate. Two blocks may
 /// share an SM where shared memory allows (an H200; not SM120's 100 KiB), so registers are held
 /// to 128 a thread.
 pub const TILED_GEMM: TiledGemm = TiledGemm {
