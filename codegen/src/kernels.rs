@@ -1069,10 +1069,6 @@ const SKINNY_GEMM_16: GemmTile = GemmTile {
 /// block per tile stayed faster.
 const SKINNY_GEMM_16_STREAMED: GemmTile = GemmTile {
     template: PERSISTENT_SKINNY,
-    rows: 16,
-    cols: 16,
-    shared: 8 * 8 * 32 * 4,
-    dynamic: false,
     params: &[
         ("depth", 4),
         ("min_blocks", 2),
@@ -1081,7 +1077,7 @@ const SKINNY_GEMM_16_STREAMED: GemmTile = GemmTile {
         ("prefetch", 256),
         ("warps_k", 8),
     ],
-    tiled: None,
+    ..SKINNY_GEMM_16
 };
 
 /// The 16-row one for a narrow weight: 8 columns a block, so twice the blocks. Four chunks in

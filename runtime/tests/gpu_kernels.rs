@@ -1559,6 +1559,64 @@ fn skinny_tiles(k: &Kernel) -> u64 {
     cols.div_ceil(8 * p("nt") * (8 / p("warps_k"))) * p("heads")
 }
 
+/// A launch a variant sweep times: its node in `f`, its kernel, and the node cut out of `f`
+/// (`mini`) as a module of its own.
+struct Picked {
+    node: String,
+    kernel: Kernel,
+    f: Function,
+    n: NodeIndex,
+    mini: Function,
+    module: Module,
+}
+
+/// The launches of function `function` of each of `modules`, lowered for `limits`, whose kernel
+/// `keep` accepts, one per distinct kernel (later layers launch the same ones).
+fn distinct_launches(
+    dev: &Device,
+    modules: &[Module],
+    function: &str,
+    limits: Limits,
+    name: &str,
+    keep: &dyn Fn(&Kernel) -> bool,
+) -> Vec<Picked> {
+    let mut seen = std::collections::HashSet::new();
+    let mut picked = Vec::new();
+    for module in modules {
+        let f = module
+            .functions
+            .iter()
+            .find(|f| f.name == function)
+            .unwrap();
+        let lowered = lower_module(module, dev.target, limits).unwrap();
+        let phase = lowered
+            .phases
+            .iter()
+            .find(|p| p.function == f.name)
+            .unwrap();
+        for l in phase.launches() {
+            let Some(k) = lowered.kernels.iter().find(|k| k.name == l.kernel) else {
+                continue;
+            };
+            if keep(k) && seen.insert(k.name.clone()) {
+                let n = f.find(&l.node).unwrap();
+                let mini = cut(f, n);
+                let mut m = Module::new(name);
+                m.functions.push(mini.clone());
+                picked.push(Picked {
+                    node: l.node.clone(),
+                    kernel: k.clone(),
+                    f: f.clone(),
+                    n,
+                    mini,
+                    module: m,
+                });
+            }
+        }
+    }
+    picked
+}
+
 /// The 16-row skinny GEMM (`gemm_skinny.cu` with one row tile, `gemm_skinny_persistent.cu` on a
 /// persistent grid) in each of [`SKINNY_VARIANTS`]
 /// on every GLM-5 decode projection at 1 and 8 rows: each variant checked against the
@@ -1578,56 +1636,49 @@ fn glm5_skinny_gemm_variants_are_timed() {
         max_batch: 64,
         max_context: 4096,
     };
+    let is_narrow_skinny = |k: &Kernel| {
+        k.template == PERSISTENT_SKINNY
+            || (k.template == "gemm_skinny" && k.params.get("mt").map(String::as_str) == Some("1"))
+    };
+    let mut cases = Vec::new();
+    let picked = distinct_launches(
+        &dev,
+        std::slice::from_ref(&module),
+        "decode",
+        limits,
+        "skinny",
+        &is_narrow_skinny,
+    );
+    for p in picked {
+        let (k, mini, mm) = (p.kernel, p.mini, p.module);
+        let [depth, blocks, prefetch] =
+            ["depth", "min_blocks", "prefetch"].map(|p| k.params[p].parse::<u64>().unwrap());
+        let tiles = skinny_tiles(&k);
+        // A persistent grid of a block per tile is the per-tile grid.
+        let effective = |v: SkinnyVariant| SkinnyVariant {
+            persistent: v.persistent && v.blocks_for(tiles, dev.target) < tiles,
+            ..v
+        };
+        let shipped = effective(SkinnyVariant {
+            depth,
+            blocks,
+            prefetch,
+            persistent: k.template == PERSISTENT_SKINNY,
+        });
+        let mut variants = vec![shipped];
+        for &v in SKINNY_VARIANTS[usize::from(k.params["nt"] == "1")] {
+            let v = effective(v);
+            if !variants.contains(&v) {
+                variants.push(v);
+            }
+        }
+        cases.push((p.node, mini, mm, shipped, tiles, variants));
+    }
     let f = module
         .functions
         .iter()
         .find(|f| f.name == "decode")
         .unwrap();
-    let lowered = lower_module(&module, dev.target, limits).unwrap();
-    let phase = lowered
-        .phases
-        .iter()
-        .find(|p| p.function == f.name)
-        .unwrap();
-    let is_narrow_skinny = |k: &Kernel| {
-        k.template == PERSISTENT_SKINNY
-            || (k.template == "gemm_skinny" && k.params.get("mt").map(String::as_str) == Some("1"))
-    };
-    // One node per distinct 16-row kernel (later layers launch the same ones).
-    let mut seen = std::collections::HashSet::new();
-    let mut cases = Vec::new();
-    for l in phase.launches() {
-        let Some(k) = lowered.kernels.iter().find(|k| k.name == l.kernel) else {
-            continue;
-        };
-        if is_narrow_skinny(k) && seen.insert(k.name.clone()) {
-            let mini = cut(f, f.find(&l.node).unwrap());
-            let mut mm = Module::new("skinny");
-            mm.functions.push(mini.clone());
-            let [depth, blocks, prefetch] =
-                ["depth", "min_blocks", "prefetch"].map(|p| k.params[p].parse::<u64>().unwrap());
-            let tiles = skinny_tiles(k);
-            // A persistent grid of a block per tile is the per-tile grid.
-            let effective = |v: SkinnyVariant| SkinnyVariant {
-                persistent: v.persistent && v.blocks_for(tiles, dev.target) < tiles,
-                ..v
-            };
-            let shipped = effective(SkinnyVariant {
-                depth,
-                blocks,
-                prefetch,
-                persistent: k.template == PERSISTENT_SKINNY,
-            });
-            let mut variants = vec![shipped];
-            for &v in SKINNY_VARIANTS[usize::from(k.params["nt"] == "1")] {
-                let v = effective(v);
-                if !variants.contains(&v) {
-                    variants.push(v);
-                }
-            }
-            cases.push((l.node.clone(), mini, mm, shipped, tiles, variants));
-        }
-    }
     let target = dev.target;
     let tweak = |v: SkinnyVariant, tiles: u64| {
         move |module: &Module, t: Target, limits: Limits| {
@@ -1763,36 +1814,17 @@ fn glm5_tiled_gemm_variants_are_timed() {
         max_context: 4096,
     };
     // The sparse prefill's GEMMs, then the dense prefill's that differ (kv_b_proj).
-    let mut seen = std::collections::HashSet::new();
-    let mut cases = Vec::new();
-    for module in [model("glm5.ron"), dense_model("glm5.ron")] {
-        let f = module
-            .functions
-            .iter()
-            .find(|f| f.name == "prefill")
-            .unwrap();
-        let lowered = lower_module(&module, dev.target, limits).unwrap();
-        let phase = lowered
-            .phases
-            .iter()
-            .find(|p| p.function == f.name)
-            .unwrap();
-        for l in phase.launches() {
-            let tiled = lowered
-                .kernels
-                .iter()
-                .any(|k| k.name == l.kernel && k.template == "gemm_mma");
-            if tiled && seen.insert(l.kernel.clone()) {
-                let n = f.find(&l.node).unwrap();
-                let mini = cut(f, n);
-                let mut mm = Module::new("tiled");
-                mm.functions.push(mini.clone());
-                let w = f.node(f.operands(n)[1].node).outputs[0].clone();
-                let rows = f.node(n).outputs[0].shape.first().cloned();
-                cases.push((l.node.clone(), mini, mm, w, rows));
-            }
-        }
-    }
+    let modules = [model("glm5.ron"), dense_model("glm5.ron")];
+    let cases: Vec<_> = distinct_launches(&dev, &modules, "prefill", limits, "tiled", &|k| {
+        k.template == "gemm_mma"
+    })
+    .into_iter()
+    .map(|p| {
+        let w = p.f.node(p.f.operands(p.n)[1].node).outputs[0].clone();
+        let rows = p.f.node(p.n).outputs[0].shape.first().cloned();
+        (p.node, p.mini, p.module, w, rows)
+    })
+    .collect();
     let variants: Vec<TiledGemm> = std::iter::once(TILED_GEMM)
         .chain(TILED_GEMM_VARIANTS)
         .collect();
