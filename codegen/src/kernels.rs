@@ -1102,6 +1102,25 @@ const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
     tiled: None,
 };
 
+/// The narrow tile with twice the chunks in flight at two blocks an SM, for a narrow weight whose
+/// 8-column tiles all fit in one wave at two blocks an SM: each SM then holds at most two blocks
+/// and nothing refills it, so a block's own bytes in flight set the SM's. In two sweeps on an
+/// H200 (tests/gpu/results/2026-12-01r, calls 1 and 3) the shared expert's gate and up
+/// projections (2048 × 6144: 256 tiles, 264 slots) took 8.5–8.6 µs against 10.2 at one row and
+/// 10.1–10.2 against 11.4–11.5 at eight; the fused q_a projection (2784 × 6144: 348 tiles, a
+/// second wave at two blocks an SM) took 13.6 against 12.0, and keeps [`SKINNY_GEMM_16_NARROW`].
+const SKINNY_GEMM_16_NARROW_DEEP: GemmTile = GemmTile {
+    params: &[
+        ("depth", 8),
+        ("min_blocks", 2),
+        ("mt", 1),
+        ("nt", 1),
+        ("prefetch", 256),
+        ("warps_k", 8),
+    ],
+    ..SKINNY_GEMM_16_NARROW
+};
+
 /// The 16-row one for a short K (at most 8 chunks of 32: GLM-5's per-head q_absorbed, K = 192):
 /// split 8 ways, most warps of a block had one chunk or none, and 2048 small blocks took 9.6–12.6
 /// µs for 12.6 MB (torch.matmul 6.1). Here each warp takes all of K for its own 8 columns, and a
@@ -1252,11 +1271,14 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
     let wide_sources = cx.sources.take();
     let w = &cx.operands[1];
     // More 16-column tiles than two waves at three blocks an SM.
-    let many_tiles =
-        weight_columns(w).is_some_and(|c| c.div_ceil(16) > 2 * 3 * u64::from(cx.target.sm_count()));
+    let sms = u64::from(cx.target.sm_count());
+    let many_tiles = weight_columns(w).is_some_and(|c| c.div_ceil(16) > 2 * 3 * sms);
+    // Narrow 8-column tiles that fit one wave at two blocks an SM.
+    let one_deep_wave = weight_columns(w).is_some_and(|c| c.div_ceil(8) <= 2 * sms);
     let narrow_tile = match const_dim(w, w.shape.len() - 1, "the weight")?.div_ceil(32) {
         0..=8 => SKINNY_GEMM_16_SHORT_K,
         9..=16 => SKINNY_GEMM_16_MID_K,
+        _ if is_narrow(w) && one_deep_wave => SKINNY_GEMM_16_NARROW_DEEP,
         _ if is_narrow(w) => SKINNY_GEMM_16_NARROW,
         17..=64 if many_tiles => SKINNY_GEMM_16_STREAMED,
         _ => SKINNY_GEMM_16,
