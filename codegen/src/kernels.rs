@@ -487,6 +487,8 @@ fn norm(cx: &NodeCtx, add: bool, layernorm: bool, eps: f64) -> Result<Lowering, 
     }
     let vec = vector_width(cols, &tensors);
     let (threads, items) = row_threads(cols / vec);
+    let is_weight = |t: &TensorRef| matches!(t.buf, crate::layout::Buf::Weight(_));
+    let weights_first = is_weight(w) && (!layernorm || is_weight(&cx.operands[2]));
     let mut k = Builder::new("norm", threads)
         .param("op", cx.node.op.name())
         .param("cols", cols)
@@ -495,6 +497,7 @@ fn norm(cx: &NodeCtx, add: bool, layernorm: bool, eps: f64) -> Result<Lowering, 
         .param("threads", threads)
         .param("add", add)
         .param("layernorm", layernorm)
+        .param("weights_first", weights_first)
         .dtype("y_t", y.dtype)?
         .dtype("x_t", x.dtype)?
         .dtype("w_t", w.dtype)?
@@ -2354,7 +2357,7 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
     Ok(b.launch(grid, args))
 }
 
-/// Threads of `moe.combine`'s block per token.
+/// Threads of `moe.combine`'s block per token and column slice.
 const COMBINE_THREADS: u32 = 256;
 
 fn moe_combine(cx: &NodeCtx, shared: bool) -> Result<Lowering, String> {
@@ -2401,7 +2404,8 @@ fn moe_combine(cx: &NodeCtx, shared: bool) -> Result<Lowering, String> {
         args.push(int("shared_row", row));
     }
     args.push(int("tokens", tokens.clone()));
-    Ok(b.launch(GridDim::one_block_each(tokens), args))
+    let slices = dim.div_ceil(u64::from(COMBINE_THREADS) * vec);
+    Ok(b.launch(GridDim::one_block_each(tokens.scale(slices as i64)), args))
 }
 
 #[cfg(test)]

@@ -3,7 +3,10 @@
 // block reduction{% if layernorm %} per moment{% endif %}. {% if add %}The residual sum is rounded to its
 // type and stored first; the norm reads that rounded sum, as the unfused graph does.{% endif %}
 // The explicit minimum of one block per SM keeps ptxas from spilling a register on sm_90a
-// (seen with 6144-wide bf16 rows under the one-argument form).
+// (seen with 6144-wide bf16 rows under the one-argument form).{% if weights_first %}
+// Its weights (the scale{% if layernorm %} and bias{% endif %}), never written, are loaded before the wait for the
+// kernel before: read after the reduction, they added a DRAM round trip to the end of every
+// norm of a decode step, whose gigabyte of GEMM weights has pushed them out of L2.{% endif %}
 extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
     {{ y_t }}* __restrict__ y, i64 y_stride,
 {%- if add %}
@@ -19,10 +22,32 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
 {%- endif %}
     i64 rows, float eps)
 {
+{%- if weights_first %}
+    weights_before_wait();
+{%- else %}
     grid_dependency_control();
+{%- endif %}
     constexpr int D = {{ cols }}, V = {{ vec }}, ITEMS = {{ items }}, T = {{ threads }};
     __shared__ float scratch[32];
     const i64 row = blockIdx.x;
+    float g[ITEMS][V]{% if layernorm %}, b[ITEMS][V]{% endif %};
+    const auto load_weights = [&] {
+#pragma unroll
+        for (int it = 0; it < ITEMS; ++it) {
+            const int c = (it * T + threadIdx.x) * V;
+            if (c < D) {
+                ld_vec<{{ w_t }}, V>(w + c, g[it]);
+{%- if layernorm %}
+                ld_vec<{{ bias_t }}, V>(bias + c, b[it]);
+{%- endif %}
+            }
+        }
+    };
+{%- if weights_first %}
+    load_weights();
+    // Only weights above (see weights_before_wait): x is the kernel before's output.
+    grid_dependency_control();
+{%- endif %}
     float v[ITEMS][V];
     float acc = 0.f;
 #pragma unroll
@@ -59,20 +84,20 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
     const float mean = 0.f;
     const float inv = 1.f / sqrtf(acc / D + eps);
 {%- endif %}
+{%- if not weights_first %}
+    load_weights();
+{%- endif %}
 #pragma unroll
     for (int it = 0; it < ITEMS; ++it) {
         const int c = (it * T + threadIdx.x) * V;
         if (c < D) {
-            float g[V], o[V];
-            ld_vec<{{ w_t }}, V>(w + c, g);
+            float o[V];
 {%- if layernorm %}
-            float b[V];
-            ld_vec<{{ bias_t }}, V>(bias + c, b);
 #pragma unroll
-            for (int k = 0; k < V; ++k) o[k] = (v[it][k] - mean) * inv * g[k] + b[k];
+            for (int k = 0; k < V; ++k) o[k] = (v[it][k] - mean) * inv * g[it][k] + b[it][k];
 {%- else %}
 #pragma unroll
-            for (int k = 0; k < V; ++k) o[k] = g[k] * ((v[it][k] - mean) * inv);
+            for (int k = 0; k < V; ++k) o[k] = g[it][k] * ((v[it][k] - mean) * inv);
 {%- endif %}
             st_vec<{{ y_t }}, V>(y + row * y_stride + c, o);
         }
