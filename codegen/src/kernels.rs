@@ -82,6 +82,9 @@ pub struct NodeCtx<'a> {
     /// The tile of every tiled tensor-core GEMM (a variant being timed), or None for the shipped
     /// one of its K ([`shipped_tiled_gemm`]).
     pub tiled_gemm: Option<TiledGemm>,
+    /// The fewest 32-key tiles a split of the sparse absorbed attention holds, where its top-k
+    /// bounds the keys ([`Variant::MlaTilesPerSplit`]; [`MLA_SPARSE_TILES_PER_SPLIT`] shipped).
+    pub mla_tiles_per_split: u64,
     /// A prefill's `slot` input, where its `cache.update`s name one: the cache slot whose
     /// caches the node's cache operands are, read on the device so that a launch does not
     /// depend on it.
@@ -1700,6 +1703,21 @@ const MLA_BLOCKS: u64 = 256;
 /// Most context splits per (row, head group): beyond it the merge reads more than a split
 /// computes at GLM-5's top-k of 2048.
 const MLA_MAX_SPLITS: u64 = 128;
+/// The fewest 32-key tiles a split of the sparse attention holds: a top-k list bounds a row's
+/// keys (GLM-5: 2048, 64 tiles), so at batch 1 the 64 splits of 16 heads that fill the GPU
+/// hold one tile each.
+pub const MLA_SPARSE_TILES_PER_SPLIT: u64 = 1;
+
+/// A kernel choice that a GPU sweep times in place of the shipped one
+/// ([`crate::lower::lower_module_with`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Variant {
+    /// Every tiled tensor-core GEMM takes this tile ([`shipped_tiled_gemm`] otherwise).
+    TiledGemm(TiledGemm),
+    /// Every split of the sparse absorbed attention holds at least this many 32-key tiles
+    /// ([`MLA_SPARSE_TILES_PER_SPLIT`] otherwise).
+    MlaTilesPerSplit(u64),
+}
 /// Threads of the merge kernel: 4 of the 512 latent columns each.
 const MLA_MERGE_THREADS: u32 = 128;
 
@@ -1713,17 +1731,18 @@ pub struct SplitTier {
 
 /// The context splits of the tensor-core absorbed attention by row count, for `groups` blocks
 /// of heads per row and at most `max_rows` rows: row counts go in ranges (0,1], (1,2], (2,4],
-/// …, each with the fewest splits (a power of two, at most [`MLA_MAX_SPLITS`]) that give its
-/// smallest row count [`MLA_BLOCKS`] blocks; the last range, from where one split is enough, is
-/// open. Adjacent ranges with one count merge.
-pub fn mla_split_tiers(groups: u64, max_rows: u64) -> Vec<SplitTier> {
+/// …, each with the fewest splits (a power of two, at most `max_splits`, itself at most
+/// [`MLA_MAX_SPLITS`]) that give its smallest row count [`MLA_BLOCKS`] blocks; the last range,
+/// from where one split is enough, is open. Adjacent ranges with one count merge.
+pub fn mla_split_tiers(groups: u64, max_rows: u64, max_splits: u64) -> Vec<SplitTier> {
+    let max_splits = max_splits.clamp(1, MLA_MAX_SPLITS);
     let mut tiers: Vec<SplitTier> = Vec::new();
     let mut above = 0u64;
     loop {
         let splits = MLA_BLOCKS
             .div_ceil((above + 1) * groups)
             .next_power_of_two()
-            .min(MLA_MAX_SPLITS);
+            .min(max_splits);
         let at_most = (splits > 1).then_some((2 * above).max(1));
         match tiers.last_mut() {
             Some(t) if t.splits == splits => t.at_most = at_most,
@@ -1807,7 +1826,6 @@ fn mla_absorbed(
         .max(1) as u64;
     let head_tile = heads.min(MLA_HEAD_TILE);
     let groups = heads / head_tile;
-    let tiers = mla_split_tiers(groups, max_rows);
     let topk = if sparse {
         let topk = &ops[5];
         if topk.dtype != DType::I64 {
@@ -1822,6 +1840,16 @@ fn mla_absorbed(
     } else {
         None
     };
+    // A sparse row sees at most its top-k list, or every key up to dense_until.
+    let max_splits = match &topk {
+        Some((_, _, k)) => {
+            let tiles = (*k).max(dense_until).div_ceil(32);
+            let most = (tiles / cx.mla_tiles_per_split.max(1)).max(1);
+            1 << most.ilog2()
+        }
+        None => MLA_MAX_SPLITS,
+    };
+    let tiers = mla_split_tiers(groups, max_rows, max_splits);
     let part_elements = tiers
         .iter()
         .filter(|t| t.splits > 1)

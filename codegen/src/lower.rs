@@ -29,7 +29,9 @@ use glmc_passes::plan_memory::{decode_bindings, place, Live};
 use sha2::{Digest, Sha256};
 
 use crate::expr::{Bindings, Poly};
-use crate::kernels::{self, Lowering, NodeCtx, Planned, Source, TiledGemm};
+use crate::kernels::{
+    self, Lowering, NodeCtx, Planned, Source, Variant, MLA_SPARSE_TILES_PER_SPLIT,
+};
 use crate::layout::{Buf, TensorRef};
 use crate::schedule::{ArgValue, Collective, CollectiveOp, Kernel, Launch, Phase, Step};
 use crate::target::Target;
@@ -113,29 +115,28 @@ pub fn lower_module(
     lower_tiled(module, target, limits, None)
 }
 
-/// [`lower_module`] with `tiled_gemm` as the tile of every tiled tensor-core GEMM (a variant
-/// that a sweep times against the shipped ones, [`kernels::shipped_tiled_gemm`]).
+/// [`lower_module`] with `variant` in place of the shipped choice it names (a variant that a
+/// sweep times against the shipped ones).
 pub fn lower_module_with(
     module: &Module,
     target: Target,
     limits: Limits,
-    tiled_gemm: TiledGemm,
+    variant: Variant,
 ) -> Result<Lowered, LowerError> {
-    lower_tiled(module, target, limits, Some(tiled_gemm))
+    lower_tiled(module, target, limits, Some(variant))
 }
 
-/// The lowering with `tiled_gemm` as every tiled GEMM's tile, or (None) the shipped tile for
-/// each GEMM's K.
+/// The lowering with `variant`, or (None) the shipped choices.
 fn lower_tiled(
     module: &Module,
     target: Target,
     limits: Limits,
-    tiled_gemm: Option<TiledGemm>,
+    variant: Option<Variant>,
 ) -> Result<Lowered, LowerError> {
     let mut kernels = KernelTable::default();
     let mut phases = Vec::new();
     for f in &module.functions {
-        phases.push(lower_function(f, target, limits, tiled_gemm, &mut kernels)?);
+        phases.push(lower_function(f, target, limits, variant, &mut kernels)?);
     }
     Ok(Lowered {
         target,
@@ -197,7 +198,7 @@ struct State<'a> {
     f: &'a Function,
     target: Target,
     limits: Limits,
-    tiled_gemm: Option<TiledGemm>,
+    variant: Option<Variant>,
     bindings: Bindings,
     locs: HashMap<Value, Loc>,
     buffers: Vec<ArenaBuffer>,
@@ -420,7 +421,7 @@ pub fn lower_function(
     f: &Function,
     target: Target,
     limits: Limits,
-    tiled_gemm: Option<TiledGemm>,
+    variant: Option<Variant>,
     kernels: &mut KernelTable,
 ) -> Result<Phase, LowerError> {
     let order = f.canonical_order();
@@ -428,7 +429,7 @@ pub fn lower_function(
         f,
         target,
         limits,
-        tiled_gemm,
+        variant,
         bindings: limits.bindings(&f.name),
         locs: HashMap::new(),
         buffers: Vec::new(),
@@ -755,7 +756,14 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 outputs: &output_refs,
                 max_context: st.limits.max_context,
                 target: st.target,
-                tiled_gemm: st.tiled_gemm,
+                tiled_gemm: match st.variant {
+                    Some(Variant::TiledGemm(t)) => Some(t),
+                    _ => None,
+                },
+                mla_tiles_per_split: match st.variant {
+                    Some(Variant::MlaTilesPerSplit(n)) => n,
+                    _ => MLA_SPARSE_TILES_PER_SPLIT,
+                },
                 slot: st.slot(),
                 limits: &st.bindings,
                 sources: Default::default(),

@@ -7,7 +7,7 @@ mod common;
 use common::{dense_module, lowered, module, module_with, LIMITS, MODELS};
 use glmc_codegen::kernels::TILED_GEMM_VARIANTS;
 use glmc_codegen::nvcc::{self, parse_ptxas};
-use glmc_codegen::{lower_module, lower_module_with, render, Target};
+use glmc_codegen::{lower_module, lower_module_with, render, Target, Variant};
 use glmc_ir::DType;
 
 fn compiler() -> nvcc::Compiler {
@@ -77,7 +77,7 @@ fn every_tiled_gemm_variant_compiles_without_local_memory() {
     let (_, glm5) = module("glm5.ron");
     for target in [Target::Sm120a, Target::Sm90a] {
         for v in TILED_GEMM_VARIANTS {
-            let mut l = lower_module_with(&glm5, target, LIMITS, v).unwrap();
+            let mut l = lower_module_with(&glm5, target, LIMITS, Variant::TiledGemm(v)).unwrap();
             l.kernels.retain(|k| k.template == "gemm_mma");
             let source = render::render(&l.kernels).unwrap();
             let compiled =

@@ -320,7 +320,7 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
         max_context: 4096,
     };
     let l = lower_module(&module("glm5.ron").1, Target::Sm120, limits).unwrap();
-    let tiers = mla_split_tiers(4, 64);
+    let tiers = mla_split_tiers(4, 64, 128);
     let splits: Vec<u64> = tiers.iter().map(|t| t.splits).collect();
     assert_eq!(splits, [64, 32, 16, 8, 4, 2]);
     assert_eq!(tiers.last().unwrap().at_most, Some(64));
@@ -388,12 +388,52 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
     }
 }
 
+/// A sparse attention's splits are capped by its top-k list (GLM-5: 2048 keys, 64 tiles of 32):
+/// shipped, batch 1 takes 64 splits of 16 heads; the sweep's variant of at least 4 tiles a split
+/// takes 16.
+#[test]
+fn sparse_absorbed_attention_splits_hold_the_tiles_asked_for() {
+    use glmc_codegen::expr::Bindings;
+    use glmc_codegen::{lower_module_with, Variant};
+    let limits = glmc_codegen::Limits {
+        max_prefill_tokens: 4096,
+        max_batch: 64,
+        max_context: 32768,
+    };
+    let glm5 = module("glm5.ron").1;
+    let b1 = Bindings::from([("b".to_string(), 1), ("t".to_string(), 32768)]);
+    let splits_at_b1 = |l: &glmc_codegen::Lowered, node: &str| -> u64 {
+        let attend = phase(l, "decode")
+            .launches()
+            .find(|x| {
+                x.node == node
+                    && x.kernel.starts_with("glmc_mla_absorbed_")
+                    && x.when.as_ref().is_none_or(|w| w.holds(&b1) == Some(true))
+            })
+            .unwrap_or_else(|| panic!("no attention launch for {node}"));
+        attend
+            .args
+            .iter()
+            .find_map(|a| match &a.value {
+                ArgValue::Int(p) if a.name == "splits" => p.as_const(),
+                _ => None,
+            })
+            .unwrap() as u64
+    };
+    let sparse = "model.layers.3.self_attn.attn_latent";
+    let shipped = lower_module(&glm5, Target::Sm90a, limits).unwrap();
+    assert_eq!(splits_at_b1(&shipped, sparse), 64);
+    let four =
+        lower_module_with(&glm5, Target::Sm90a, limits, Variant::MlaTilesPerSplit(4)).unwrap();
+    assert_eq!(splits_at_b1(&four, sparse), 16);
+}
+
 /// The split ranges: batch 1 fills the GPU from one row, 8 heads (one group) split more, and
 /// limits below a range drop it.
 #[test]
 fn absorbed_attention_split_ranges() {
     use glmc_codegen::kernels::{mla_split_tiers, SplitTier};
-    let t = mla_split_tiers(1, 1 << 20);
+    let t = mla_split_tiers(1, 1 << 20, 128);
     assert_eq!(
         t.first(),
         Some(&SplitTier {
@@ -419,7 +459,7 @@ fn absorbed_attention_split_ranges() {
         assert!((tier.above.unwrap_or(0) + 1) * tier.splits >= 256 || tier.splits == 128);
     }
     assert_eq!(
-        mla_split_tiers(4, 1),
+        mla_split_tiers(4, 1, 128),
         [SplitTier {
             above: None,
             at_most: Some(1),

@@ -27,7 +27,9 @@ use glmc_codegen::kernels::{
 };
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Kernel, Phase, Step};
-use glmc_codegen::{lower_module, lower_module_with, nvcc, render, Limits, Lowered, Target};
+use glmc_codegen::{
+    lower_module, lower_module_with, nvcc, render, Limits, Lowered, Target, Variant,
+};
 use glmc_ir::{DType, Function, Module, NodeIndex, Op, TensorType, Value};
 use glmc_models::builder::{BuildOptions, Sampler};
 use glmc_models::ModelConfig;
@@ -1828,7 +1830,9 @@ fn glm5_tiled_gemm_variants_are_timed() {
     let variants: Vec<TiledGemm> = std::iter::once(TILED_GEMM)
         .chain(TILED_GEMM_VARIANTS)
         .collect();
-    let lower = |v: TiledGemm| move |m: &Module, t, l| lower_module_with(m, t, l, v).unwrap();
+    let lower = |v: TiledGemm| {
+        move |m: &Module, t, l| lower_module_with(m, t, l, Variant::TiledGemm(v)).unwrap()
+    };
     let sources: Vec<String> = cases
         .iter()
         .flat_map(|(_, _, mm, _, _)| {
@@ -2345,6 +2349,10 @@ fn sparse_list(rng: &mut Rng, pos: usize, t: usize, holes: bool) -> Vec<i64> {
     keys
 }
 
+/// Fewest key tiles a split of the sparse absorbed attention holds, timed against the shipped
+/// (`glmc_codegen::kernels::MLA_SPARSE_TILES_PER_SPLIT`) at a few rows.
+const MLA_TILES_PER_SPLIT_VARIANTS: [u64; 4] = [2, 4, 8, 16];
+
 /// `mla.attend.absorbed` on the tensor cores at GLM-5's sizes (bf16, 512 + 64 dims, 64 heads
 /// and the 8 of a rank at TP=8, top-k 2048 with dense_until 2048) against the interpreter:
 /// decode at batch 1 and 64 over contexts 1, 100, 2048, 4096 and 32768 (past 2048 through the
@@ -2588,6 +2596,44 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         if let Some(l) = baseline_line {
             println!("{l}");
             writeln!(report, "{l}").unwrap();
+        }
+        // A row sees at most its top-k list, so at a few rows the splits that fill the GPU hold
+        // one or two key tiles each and the merge reads all of them: fewer, longer splits are
+        // timed against the shipped count, each checked against the interpreter.
+        let few_splits = c.sparse && c.rows <= 8 && c.context > c.dense_until as usize && !prefill;
+        for tiles in MLA_TILES_PER_SPLIT_VARIANTS.iter().filter(|_| few_splits) {
+            let lower = |m: &Module, t, l| {
+                lower_module_with(m, t, l, Variant::MlaTilesPerSplit(*tiles)).unwrap()
+            };
+            let run = run_on_gpu_with(&dev, &module, limits, &ins, &b, true, &lower);
+            let at = &run.phase.results[0].1;
+            let out = gather(&bytes_of(&run, at), at, &b);
+            let got: Vec<f64> = checked
+                .iter()
+                .flat_map(|&r| out[r * per_row..(r + 1) * per_row].iter().copied())
+                .collect();
+            let err = match compare(&got, &want, DType::BF16) {
+                Ok(e) => format!("{e:.1e}"),
+                Err(why) => {
+                    failures.push(format!(
+                        "{} {}h {}×{}, {tiles} tiles a split: {why}",
+                        c.name, c.heads, c.rows, c.context
+                    ));
+                    "FAIL".into()
+                }
+            };
+            let line = format!(
+                "| {} (≥ {tiles} tiles a split) | {} | {} | {} | {} | {} | {err} | {} |",
+                c.name,
+                c.heads,
+                c.rows,
+                c.context,
+                launched(&run.phase, &b).join(","),
+                checked.len(),
+                row_cells(run.seconds_per_run.unwrap())
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
         }
     }
     print!("{report}");
