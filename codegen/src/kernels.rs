@@ -997,8 +997,10 @@ pub const TILED_GEMM_VARIANTS: [TiledGemm; 4] = [
 
 /// The tile for K ≥ [`LONG_K`]: [`WIDE_TILE`] walking 8 row tiles down, on a persistent grid
 /// (132 blocks on an H200) that issues a tile's first stages before storing the one before.
-/// Chosen by arithmetic, not yet timed: on q_b_proj its waves read ~0.26 GB of weight from DRAM
-/// instead of ~1 GB, and each block's 15–16 tiles of 64 K steps lose one prologue, not 16.
+/// Chosen by arithmetic, not yet timed: on q_b_proj the 132 tiles in flight span 8 row tiles
+/// and 16.5 column tiles (17 MB, held in L2), so the 64 MB weight streams from DRAM once per 8
+/// row tiles (~0.13 GB, against ~1 GB column-first), and each block's 15–16 tiles of 64 K
+/// steps wait for one prologue, not 16.
 pub const TILED_GEMM_LONG_K: TiledGemm = TiledGemm {
     group: 8,
     persistent: true,
