@@ -1173,12 +1173,15 @@ fn sample_on_gpu(
     sample_rows_on_gpu(dev, row.len(), &rows, time_it)
 }
 
+/// One row of `sample.top_p`'s operands: logits, temperature, top-p, uniform draw.
+type SampleRow<'a> = (&'a [f32], f32, f32, f32);
+
 /// Rows of `v` logits with their (temperature, top-p, uniform) through the lowered
 /// `sample.top_p` as one batch; the tokens and, timed, the seconds per run.
 fn sample_rows_on_gpu(
     dev: &Device,
     v: usize,
-    rows: &[(&[f32], f32, f32, f32)],
+    rows: &[SampleRow],
     time_it: bool,
 ) -> (Vec<i64>, Option<f64>) {
     let draws = rows.len();
@@ -1199,7 +1202,7 @@ fn sample_rows_on_gpu(
     f.results.push(("next_token".into(), s.into()));
     let mut module = Module::new("sampling");
     module.functions.push(f);
-    let column = |k: fn(&(&[f32], f32, f32, f32)) -> f32| rows.iter().map(k).collect::<Vec<_>>();
+    let column = |k: fn(&SampleRow) -> f32| rows.iter().map(k).collect::<Vec<_>>();
     let ins = vec![
         Tensor::f32(
             vec![draws, v],
