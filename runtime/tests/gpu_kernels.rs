@@ -2349,6 +2349,8 @@ fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
                 .unwrap();
             }
             ins.clear();
+            // Written as it grows, so a run stopped by the call's deadline leaves what it timed.
+            std::fs::write(out_dir().join(report_file), &report).unwrap();
         }
     }
     print!("{report}");
