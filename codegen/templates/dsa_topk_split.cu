@@ -48,9 +48,9 @@
 // so all of them must be resident at once: the lowering takes this path for at most
 // 128 / {{ parts }} rows, {{ parts }} blocks a row, and a block of 512 threads holds at most 64
 // registers a thread (__launch_bounds__(512, 2)), so the grid needs at most 64 of the GPU's SMs
-// (H200: 132, RTX PRO 6000: 188). Under programmatic launch the next kernel may be scheduled
-// only after every block of this one has started (grid_dependency_control), so it cannot take
-// the SMs a waiting block needs.
+// (H200: 132, RTX PRO 6000: 188). Where the runtime launches kernels early, the next one may be
+// scheduled only after every block of this one has started (grid_dependency_control), so it
+// cannot take the SMs a waiting block needs.
 constexpr int {{ name }}_THREADS = 512;
 constexpr int {{ name }}_WARPS = {{ name }}_THREADS / 32;
 constexpr int {{ name }}_BINS = 1024;
