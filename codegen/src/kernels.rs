@@ -2179,6 +2179,41 @@ fn topk_slots(max_context: u64) -> (u64, u64, bool) {
     }
 }
 
+/// Threads of a block of `dsa.topk`'s split path (`dsa_topk_split.cu`).
+const TOPK_SPLIT_THREADS: u64 = 512;
+
+/// Blocks a row of the split path: each holds n / 16 of a row's keys (one a thread at 8k).
+const TOPK_SPLIT_PARTS: u64 = 16;
+
+/// Keys a thread at most on the split path (in registers), so a context of up to
+/// 16 × 16 × 512 = 131072 keys; a longer one takes the one-block kernel.
+const TOPK_SPLIT_MAX_SLOTS: u64 = 16;
+
+/// Blocks the split path's grid may have at most: its blocks wait for each other, so all must be
+/// resident at once, and at two blocks an SM (512 threads, at most 64 registers) 128 of them need
+/// 64 SMs, under half of either target's.
+const TOPK_SPLIT_BLOCKS: u64 = 128;
+
+/// `dsa.topk`'s split path for rows of up to `max_context` keys: keys a thread and the most rows
+/// it takes (the grid's bound over the parts), or None where the one-block kernel serves every
+/// row (no row has more than k keys, or the row would not fit the registers).
+fn topk_split(max_context: u64, k: u64) -> Option<(u64, u64)> {
+    let slots = max_context.div_ceil(TOPK_SPLIT_PARTS * TOPK_SPLIT_THREADS);
+    (max_context > k && slots <= TOPK_SPLIT_MAX_SLOTS)
+        .then_some((slots, TOPK_SPLIT_BLOCKS / TOPK_SPLIT_PARTS))
+}
+
+/// Words of the split path's scratch a row (`dsa_topk_split.cu`'s layout, which checks it): 32
+/// of counters, the row's histogram and four radix passes' (1024 each), each part's bounds and
+/// counts (two words each, in whole 32-word lines), its above-counts (1024) and its keys.
+fn topk_split_row_words(slots: u64) -> u64 {
+    let pairs = (2 * TOPK_SPLIT_PARTS).next_multiple_of(32);
+    32 + 5 * 1024 + 2 * pairs + TOPK_SPLIT_PARTS * (1024 + slots * TOPK_SPLIT_THREADS)
+}
+
+/// `dsa.topk`: one block of 1024 threads a row (`dsa_topk.cu`), and for few rows the split path
+/// (`dsa_topk_split.cu`: 16 blocks a row in two launches through a scratch buffer), the row
+/// count at run time choosing where both exist.
 fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
     let (out, scores, positions) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     if scores.dtype != DType::F32 || out.dtype != DType::I64 {
@@ -2210,13 +2245,77 @@ fn dsa_topk(cx: &NodeCtx, k: u64) -> Result<Lowering, String> {
     );
     let args = vec![
         cx.ptr("out", out),
-        int("out_row", out_row),
+        int("out_row", out_row.clone()),
         cx.ptr("scores", scores),
-        int("scores_row", scores_row),
+        int("scores_row", scores_row.clone()),
         cx.ptr("positions", positions),
         int("rows", rows.clone()),
     ];
-    Ok(b.launch(GridDim::one_block_each(rows), args))
+    let mut whole = b.planned(GridDim::one_block_each(rows.clone()), args);
+    let Some((slots, most_rows)) = topk_split(cx.max_context, k) else {
+        return Ok(Lowering::Launch(whole));
+    };
+    let whole_sources = cx.sources.take();
+    let max_rows = rows
+        .eval(cx.limits)
+        .ok_or_else(|| format!("the row count {rows} is not bound by the limits"))?
+        .max(1) as u64;
+    let row_words = topk_split_row_words(slots);
+    let scratch = cx.scratch(
+        DType::F32,
+        Poly::constant((max_rows.min(most_rows) * row_words) as i64),
+    );
+    let stage = |stage: &str| {
+        Builder::new("dsa_topk_split", TOPK_SPLIT_THREADS as u32)
+            .param("stage", stage)
+            .param("k", k)
+            .param("parts", TOPK_SPLIT_PARTS)
+            .param("slots", slots)
+            .param("row_words", row_words)
+    };
+    let grid = GridDim::one_block_each(rows.scale(TOPK_SPLIT_PARTS as i64));
+    // Each warp's least and greatest order-key.
+    let mut bounds = stage("bounds").shared(2 * 16 * 4, false).planned(
+        grid.clone(),
+        vec![
+            cx.scratch_ptr("scratch", scratch),
+            cx.ptr("scores", scores),
+            int("scores_row", scores_row.clone()),
+            cx.ptr("positions", positions),
+            int("rows", rows.clone()),
+        ],
+    );
+    let bounds_sources = cx.sources.take();
+    // The histogram, the candidates, a count per slot and warp, the scan's sums and the pick.
+    let select_shared = (1024 + 256 + slots * 16 + 32 + 3) * 4;
+    let mut select = stage("select").shared(select_shared as u32, false).planned(
+        grid,
+        vec![
+            cx.ptr("out", out),
+            int("out_row", out_row),
+            cx.scratch_ptr("scratch", scratch),
+            cx.ptr("scores", scores),
+            int("scores_row", scores_row),
+            cx.ptr("positions", positions),
+            int("rows", rows.clone()),
+        ],
+    );
+    let select_sources = cx.sources.take();
+    if max_rows <= most_rows {
+        return Ok(Lowering::Launches(vec![
+            (bounds, bounds_sources),
+            (select, select_sources),
+        ]));
+    }
+    let few = Guard::at_most(rows.clone(), most_rows as i64);
+    bounds.when = Some(few.clone());
+    select.when = Some(few);
+    whole.when = Some(Guard::above(rows, most_rows as i64));
+    Ok(Lowering::Launches(vec![
+        (bounds, bounds_sources),
+        (select, select_sources),
+        (whole, whole_sources),
+    ]))
 }
 
 fn moe_route(

@@ -25,6 +25,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../templates/dsa_score_mma.cu"),
     ),
     ("dsa_topk", include_str!("../templates/dsa_topk.cu")),
+    (
+        "dsa_topk_split",
+        include_str!("../templates/dsa_topk_split.cu"),
+    ),
     ("embed", include_str!("../templates/embed.cu")),
     ("gemm_argmax", include_str!("../templates/gemm_argmax.cu")),
     ("gemm_head.cuh", include_str!("../templates/gemm_head.cuh")),

@@ -5,8 +5,9 @@
 // so it is written in key order: no sort, and the sparse attention that reads it gathers cache
 // rows in address order.
 //
-// One block of 1024 threads per row. It is latency bound (8192 keys are 32 KB, one SM reads them
-// from L2 in well under a microsecond), so the design counts dependent steps, not bytes:
+// One block of 1024 threads per row (more rows than dsa_topk_split.cu takes). It is latency
+// bound (8192 keys are 32 KB, one SM reads them from L2 in well under a microsecond), so the
+// design counts dependent steps, not bytes:
 // 1. the row is read once, coalesced, onto the chip: thread t holds keys v·1024 + t for
 //    v < {{ slots }}, the first {{ held }} in registers and the rest in shared memory (4 KiB a slot, only
 //    ever touched by its own thread: no barrier, no bank conflict). The lowering sizes the slots

@@ -223,10 +223,11 @@ fn every_kernel_fits_sm120s_shared_memory() {
     }
 }
 
-/// `dsa.topk` holds a row of up to 32k keys on chip, 1024 threads × slots: the first 9 slots in
-/// registers and the rest in dynamic shared memory, which with the histogram (1024 words), the
-/// ranked candidates (256) and the 160 static bytes stays within SM120's 99 KiB; a longer context
-/// holds 8 + 23 slots (its passes' loads of the rest take a register) and reads the rest.
+/// `dsa.topk`'s one-block kernel holds a row of up to 32k keys on chip, 1024 threads × slots: the
+/// first 9 slots in registers and the rest in dynamic shared memory, which with the histogram
+/// (1024 words), the ranked candidates (256) and the 160 static bytes stays within SM120's 99 KiB;
+/// a longer context holds 8 + 23 slots (its passes' loads of the rest take a register) and reads
+/// the rest.
 #[test]
 fn dsa_topk_holds_the_row_on_chip_within_sm120s_shared_memory() {
     for (context, slots, held, tail) in [
@@ -241,10 +242,14 @@ fn dsa_topk_holds_the_row_on_chip_within_sm120s_shared_memory() {
     ] {
         let limits = glmc_codegen::Limits {
             max_context: context,
+            max_batch: 64,
             ..LIMITS
         };
         let l = lower_module(&module("tiny-sparse.ron").1, Target::Sm120, limits).unwrap();
-        let k = kernels_of(&l, "decode", "dsa.topk")[0];
+        let k = kernels_of(&l, "decode", "dsa.topk")
+            .into_iter()
+            .find(|k| k.template == "dsa_topk")
+            .unwrap();
         assert_eq!(k.params["slots"], slots.to_string(), "{context}");
         assert_eq!(k.params["held"], held.to_string(), "{context}");
         assert_eq!(k.params["tail"], tail.to_string(), "{context}");
@@ -253,6 +258,94 @@ fn dsa_topk_holds_the_row_on_chip_within_sm120s_shared_memory() {
             (1024 + 256 + (slots - held) * 1024) * 4
         );
         assert!(k.shared_bytes + 160 <= Target::Sm120.max_shared_memory_per_block());
+    }
+}
+
+/// `dsa.topk` of a few rows (at most 8) takes the split path: two launches of 16 blocks a row
+/// (`16*b`), 512 threads, through one scratch buffer of the row layout the template checks,
+/// sized for the rows the limits allow (at most 8), with keys a thread for the context (at most
+/// 16: 131072 keys); more rows take the one-block kernel, guarded apart; a context of at most k
+/// keys (tiny-sparse's k is 8) or over 131072 keys only the one-block kernel; a batch of at
+/// most 8 only the split path.
+#[test]
+fn dsa_topk_takes_sixteen_blocks_a_row_for_few_rows() {
+    use glmc_codegen::expr::Bindings;
+    let row_words = |slots: u64| 32 + 5 * 1024 + 2 * 32 + 16 * (1024 + slots * 512);
+    for (context, batch, split) in [
+        (8u64, 64u64, None),
+        (9, 64, Some(1u64)),
+        (8192, 64, Some(1)),
+        (8193, 64, Some(2)),
+        (32768, 64, Some(4)),
+        (32768, 3, Some(4)),
+        (131072, 64, Some(16)),
+        (131073, 64, None),
+    ] {
+        let limits = glmc_codegen::Limits {
+            max_context: context,
+            max_batch: batch,
+            ..LIMITS
+        };
+        let l = lower_module(&module("tiny-sparse.ron").1, Target::Sm120, limits).unwrap();
+        let launches: Vec<_> = phase(&l, "decode")
+            .launches()
+            .filter(|x| x.node == "model.layers.0.self_attn.indexer.topk")
+            .collect();
+        let template = |name: &str| {
+            l.kernels
+                .iter()
+                .find(|k| k.name == name)
+                .unwrap()
+                .template
+                .clone()
+        };
+        let Some(slots) = split else {
+            assert_eq!(launches.len(), 1, "{context}");
+            assert_eq!(template(&launches[0].kernel), "dsa_topk");
+            assert!(launches[0].when.is_none());
+            continue;
+        };
+        let whole = batch > 8;
+        assert_eq!(launches.len(), 2 + usize::from(whole), "{context} {batch}");
+        for (i, stage) in ["bounds", "select"].into_iter().enumerate() {
+            let x = launches[i];
+            let k = l.kernels.iter().find(|k| k.name == x.kernel).unwrap();
+            assert_eq!(k.template, "dsa_topk_split");
+            assert_eq!(k.params["stage"], stage);
+            assert_eq!(k.params["slots"], slots.to_string(), "{context}");
+            assert_eq!(k.params["row_words"], row_words(slots).to_string());
+            assert_eq!(x.block, 512);
+            assert_eq!(x.grid.to_string(), "16*b");
+            let scratch = x.args.iter().find(|a| a.name == "scratch").unwrap();
+            let ArgValue::Ptr(at) = &scratch.value else {
+                panic!()
+            };
+            assert_eq!(at.buf, Buf::Arena);
+            let rows = batch.min(8);
+            assert_eq!(
+                at.shape[0].as_const(),
+                Some((rows * row_words(slots)) as i64),
+                "{context} {batch}"
+            );
+        }
+        for b in [1u64, 8, 9, 64] {
+            let bindings = Bindings::from([("b".to_string(), b)]);
+            let runs: Vec<String> = launches
+                .iter()
+                .filter(|x| {
+                    x.when
+                        .as_ref()
+                        .is_none_or(|g| g.holds(&bindings) == Some(true))
+                })
+                .map(|x| template(&x.kernel))
+                .collect();
+            let want = if b <= 8 || !whole {
+                vec!["dsa_topk_split", "dsa_topk_split"]
+            } else {
+                vec!["dsa_topk"]
+            };
+            assert_eq!(runs, want, "{context} {batch} b={b}");
+        }
     }
 }
 

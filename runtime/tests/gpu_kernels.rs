@@ -3351,17 +3351,21 @@ fn topk_on_gpu(
 }
 
 /// `dsa.topk` where the cut falls inside long runs of equal scores, exactly against the
-/// interpreter (the lower keys of a run make the cut), in two rows (the whole context, and about
-/// half of it): every score equal over 40000 keys (a zero range: the kernel's fallback bins, and
-/// keys beyond the 31744 it holds on chip), three levels over 20000 keys (a cut bin too full to
-/// rank, of one value), signed zeros below 1000 positive scores over 5000 keys (−0.0 and +0.0 are
-/// one value), 65536 scores within 2^-10 of 1, uniform scores with one outlier of 10^30 over
-/// 40000 keys (every other key in one linear bin: radix passes, on chip and beyond it), and
-/// 131072 uniform scores.
+/// interpreter (the lower keys of a run make the cut): every score equal over 40000 keys (a zero
+/// range: the kernels' fallback bins, and keys beyond the 31744 the one-block kernel holds on
+/// chip), three levels over 20000 keys (a cut bin too full to rank, of one value), signed zeros
+/// below 1000 positive scores over 5000 keys (−0.0 and +0.0 are one value), 65536 scores within
+/// 2^-10 of 1, uniform scores with one outlier of 10^30 over 40000 keys (every other key in one
+/// linear bin: radix passes, on chip and beyond it, and across the split path's blocks), and
+/// 131072 uniform scores (the split path's 16 keys a thread). Each case runs in 3 rows, the split
+/// path (the whole context, about half of it, and 1000 keys: at most k, listed whole), and in 9,
+/// the one-block kernel (the same three rows, repeated).
 #[test]
 #[ignore = "gpu"]
 fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
     const TOP_K: usize = 2048;
+    const SPLIT_ROWS: usize = 3;
+    const WHOLE_ROWS: usize = 9;
     let dev = Device::open();
     let mut rng = Rng(0x7135);
     let (m, f) = topk_module("decode", "b", TOP_K);
@@ -3385,33 +3389,40 @@ fn dsa_topk_cuts_runs_of_equal_scores_like_the_interpreter() {
                 _ => rng.uniform(),
             }
         };
-        let rows = 2;
-        let scores: Vec<f32> = (0..rows * context)
-            .map(|i| score(i % context, &mut rng))
-            .collect();
-        let positions = vec![context as i64 - 1, context as i64 / 2 + 7];
-        let ins = vec![
-            Tensor::f32(vec![rows, context], scores).unwrap(),
-            Tensor::i64(vec![rows], positions).unwrap(),
-        ];
-        let bindings = Bindings::from([("b".into(), rows as u64), ("t".into(), context as u64)]);
         let limits = Limits {
             max_prefill_tokens: 1,
-            max_batch: rows as u64,
+            max_batch: WHOLE_ROWS as u64,
             max_context: context as u64,
         };
-        let (run, _, differs) = topk_on_gpu(&dev, &m, &f, limits, &ins, &bindings, TOP_K);
-        let verdict = match differs {
-            None => "equal to the interpreter's".to_string(),
-            Some(r) => {
-                failures.push(format!("{case}: row {r} differs from the interpreter's"));
-                format!("row {r} FAILS")
-            }
-        };
-        println!(
-            "dsa.topk, {case}, 2 rows of {context}: {verdict}, {:.1} us",
-            run.seconds_per_run.unwrap() * 1e6
-        );
+        for rows in [SPLIT_ROWS, WHOLE_ROWS] {
+            let scores: Vec<f32> = (0..rows * context)
+                .map(|i| score(i % context, &mut rng))
+                .collect();
+            let positions: Vec<i64> = (0..rows)
+                .map(|r| [context as i64 - 1, context as i64 / 2 + 7, 999][r % 3])
+                .collect();
+            let ins = vec![
+                Tensor::f32(vec![rows, context], scores).unwrap(),
+                Tensor::i64(vec![rows], positions).unwrap(),
+            ];
+            let bindings =
+                Bindings::from([("b".into(), rows as u64), ("t".into(), context as u64)]);
+            let (run, _, differs) = topk_on_gpu(&dev, &m, &f, limits, &ins, &bindings, TOP_K);
+            let kernel = launched(&run.phase, &bindings).join(",");
+            let verdict = match differs {
+                None => "equal to the interpreter's".to_string(),
+                Some(r) => {
+                    failures.push(format!(
+                        "{case}, {rows} rows: row {r} differs from the interpreter's"
+                    ));
+                    format!("row {r} FAILS")
+                }
+            };
+            println!(
+                "dsa.topk, {case}, {rows} rows of {context} ({kernel}): {verdict}, {:.1} us",
+                run.seconds_per_run.unwrap() * 1e6
+            );
+        }
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
