@@ -7,10 +7,10 @@
 //! these exceptions, which follow what a good kernel reads:
 //! - views (`reshape`, `slice`, `slice.last`) and the function's inputs and weights as nodes cost nothing (the
 //!   op that reads them pays);
-//! - `cache.update` writes only the new rows; the attention and indexer ops read each cached row
-//!   from DRAM once per sequence (not once per head or per query: the rows a step reads stay in
-//!   L2 while its queries use them), and sparse attention reads at most the `index_topk` rows
-//!   each query selects once the context passes `dense_until`;
+//! - `cache.update` and `cache.update.norm` write only the new rows; the attention and indexer
+//!   ops read each cached row from DRAM once per sequence (not once per head or per query: the
+//!   rows a step reads stay in L2 while its queries use them), and sparse attention reads at
+//!   most the `index_topk` rows each query selects once the context passes `dense_until`;
 //! - `moe.experts`, `moe.gate_up` and `moe.down` read the weights of the experts the tokens
 //!   select (at most all of them), not the whole stacked tensor.
 
@@ -82,6 +82,16 @@ pub fn function_cost(f: &Function, bindings: &Bindings) -> Vec<OpCost> {
             | Op::SliceLast {} => continue,
             Op::CacheUpdate { .. } => Cost {
                 bytes: 2.0 * bytes(&ins[0], bindings),
+                flops: 0.0,
+            },
+            // x's rows read and written once (normalised, or as the tail), and the norm's
+            // weight (and bias).
+            Op::CacheUpdateNorm { layernorm, .. } => Cost {
+                bytes: 2.0 * bytes(&ins[0], bindings)
+                    + ins[1..2 + usize::from(*layernorm)]
+                        .iter()
+                        .map(|t| bytes(t, bindings))
+                        .sum::<f64>(),
                 flops: 0.0,
             },
             Op::Embed {} => Cost {

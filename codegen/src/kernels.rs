@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use glmc_ir::{DType, Node, Op};
+use glmc_ir::{DType, Node, Op, RopeSpan};
 
 use crate::expr::{Bindings, GridDim, Guard, Poly};
 use crate::layout::{Rows, TensorRef};
@@ -347,6 +347,13 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
         Op::Embed {} => embed(cx, None),
         Op::EmbedShard { start } => embed(cx, Some(*start)),
         Op::CacheUpdate { batched, .. } => cache_update(cx, *batched),
+        Op::CacheUpdateNorm {
+            batched,
+            eps,
+            layernorm,
+            rope,
+            ..
+        } => cache_update_norm(cx, *batched, *layernorm, *eps, rope.as_ref()),
         Op::SampleArgmax {} => sample_argmax(cx),
         Op::SampleTopP {} => sample_top_p(cx),
         Op::Matmul {} => gemm(cx, false, None),
@@ -665,6 +672,112 @@ fn cache_update(cx: &NodeCtx, batched: bool) -> Result<Lowering, String> {
         },
         args,
     ))
+}
+
+/// `cache.update.norm`: one block per row, the norm's (`norm`'s threads, vectors and reduction,
+/// so its statistics round as the unfused kernel's do), the rows written straight into the
+/// cache at their positions and the tail copied into the second cache by the same block.
+fn cache_update_norm(
+    cx: &NodeCtx,
+    batched: bool,
+    layernorm: bool,
+    eps: f64,
+    rope: Option<&RopeSpan>,
+) -> Result<Lowering, String> {
+    let (x, w) = (&cx.operands[0], &cx.operands[1]);
+    let p = cx.node.op.positions_operand().ok_or("not a cache op")?;
+    let positions = &cx.operands[p];
+    if !positions.is_contiguous() || positions.dtype != DType::I64 {
+        return Err("positions must be contiguous i64".into());
+    }
+    let x_rows = rows_of(x, "x")?;
+    let cols = const_cols(&x_rows, "x")?;
+    let d = w.shape[0]
+        .as_const()
+        .ok_or("the norm's weight has a symbolic length")? as u64;
+    let tail = cols - d;
+    let cache = &cx.outputs[0];
+    let width = Poly::constant(d as i64);
+    let mut tensors = vec![(x, &x_rows.stride), (cache, &width), (w, &width)];
+    if layernorm {
+        tensors.push((&cx.operands[2], &width));
+    }
+    let mut vec = vector_width(d, &tensors);
+    // The tail starts D columns into x's row and fills rows of its own width.
+    while vec > 1 && !tail.is_multiple_of(vec) {
+        vec /= 2;
+    }
+    let (threads, items) = row_threads(d / vec);
+    let seq_stride = |row: u64| {
+        if batched || cx.slot.is_some() {
+            Poly::constant((cx.max_context * row) as i64)
+        } else {
+            Poly::zero()
+        }
+    };
+    let base = |c: &TensorRef| TensorRef {
+        shape: Vec::new(),
+        strides: Vec::new(),
+        ..c.clone()
+    };
+    let mut k = Builder::new("cache_norm", threads)
+        .param("op", cx.node.op.name())
+        .param("cols", d)
+        .param("vec", vec)
+        .param("items", items)
+        .param("threads", threads)
+        .param("batched", batched)
+        .param("layernorm", layernorm)
+        .param("rope", rope.is_some())
+        .dtype("c_t", cache.dtype)?
+        .dtype("x_t", x.dtype)?
+        .dtype("w_t", w.dtype)?;
+    let mut shared = 32 * 4;
+    if let Some(r) = rope {
+        let dim = r.end - r.start;
+        let freqs: Vec<String> = inv_freq(r.theta, dim)
+            .iter()
+            .map(|f| format!("{f:e}"))
+            .collect();
+        k = k
+            .param("rope_start", r.start)
+            .param("rope_end", r.end)
+            .param("half", dim / 2)
+            .param("interleaved", r.interleaved)
+            .param("theta", r.theta)
+            .param("inv_freq", freqs.join(", "));
+        shared += 4 * dim as u32;
+    }
+    let cache_base = base(cache);
+    let mut args = vec![
+        cx.ptr("cache", &cache_base),
+        int("seq_stride", seq_stride(d)),
+    ];
+    if tail > 0 {
+        k = k.param("tail", tail);
+        args.push(cx.ptr("tail_cache", &base(&cx.outputs[1])));
+        args.push(int("tail_seq_stride", seq_stride(tail)));
+    }
+    args.extend([
+        int("capacity", Poly::constant(cx.max_context as i64)),
+        cx.ptr("x", x),
+        int("x_stride", x_rows.stride.clone()),
+        cx.ptr("positions", positions),
+        cx.ptr("w", w),
+    ]);
+    if layernorm {
+        let b = &cx.operands[2];
+        k = k.dtype("bias_t", b.dtype)?;
+        args.push(cx.ptr("bias", b));
+    }
+    args.push(int("rows", x_rows.rows.clone()));
+    args.push(float("eps", eps));
+    if let (Some(slot), false) = (&cx.slot, batched) {
+        args.push(cx.ptr("cache_slot", slot));
+        k = k.param("slotted", true);
+    }
+    Ok(k.shared(shared, false)
+        .launch(GridDim::one_block_each(x_rows.rows), args))
 }
 
 /// A copy of `src` into `dst` (same shape and dtype, any strides, rank ≤ 4); with `slot` (a

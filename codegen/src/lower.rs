@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 
-use glmc_ir::{Function, Module, NodeIndex, Op, Reduce, Value};
+use glmc_ir::{Function, Module, NodeIndex, Op, Reduce, TensorType, Value};
 use glmc_passes::plan_memory::{decode_bindings, place, Live};
 use sha2::{Digest, Sha256};
 
@@ -403,6 +403,7 @@ fn foldable_concat_parts(f: &Function) -> HashMap<Value, (Value, usize)> {
                     | Op::Slice { .. }
                     | Op::Concat { .. }
                     | Op::CacheUpdate { .. }
+                    | Op::CacheUpdateNorm { .. }
                     // NCCL writes whole contiguous tensors, never a part of a concat.
                     | Op::AllReduce { .. }
                     | Op::AllGather { .. }
@@ -435,9 +436,9 @@ pub fn lower_function(
         buffers: Vec::new(),
         folded: foldable_concat_parts(f),
         steps: Vec::new(),
-        slot: order.iter().find_map(|&n| match f.node(n).op {
-            Op::CacheUpdate { .. } => f.operands(n).get(2).copied(),
-            _ => None,
+        slot: order.iter().find_map(|&n| {
+            let p = f.node(n).op.positions_operand()?;
+            f.operands(n).get(p + 1).copied()
         }),
     };
     for (step, &n) in order.iter().enumerate() {
@@ -709,6 +710,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
             let reads_slot = matches!(
                 node.op,
                 Op::CacheUpdate { .. }
+                    | Op::CacheUpdateNorm { .. }
                     | Op::MlaAttend { .. }
                     | Op::MlaAttendAbsorbed { .. }
                     | Op::DsaScore {}
@@ -724,9 +726,16 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 }
             }
             let outputs: Vec<Loc> = match &node.op {
-                Op::CacheUpdate { state, batched } => {
-                    vec![cache_view(f, n, state, *batched, st.limits.max_context)]
-                }
+                Op::CacheUpdate { .. } | Op::CacheUpdateNorm { .. } => node
+                    .op
+                    .cache_states()
+                    .iter()
+                    .enumerate()
+                    .map(|(k, state)| {
+                        let batched = node.op.batched_cache();
+                        cache_view(&node.outputs[k], state, batched, st.limits.max_context)
+                    })
+                    .collect(),
                 _ => (0..node.outputs.len())
                     .map(|k| {
                         st.output(
@@ -948,8 +957,7 @@ fn adjacent_view(parts: &[Loc], axis: usize) -> Option<Loc> {
 
 /// The cache state as the `[t, ..]` (prefill) or `[b, t, ..]` (decode) view `cache.update`
 /// returns, over a `[max_batch, max_context, ..]` allocation.
-fn cache_view(f: &Function, n: NodeIndex, state: &str, batched: bool, max_context: u64) -> Loc {
-    let ty = &f.node(n).outputs[0];
+fn cache_view(ty: &TensorType, state: &str, batched: bool, max_context: u64) -> Loc {
     let mut at = TensorRef::contiguous(Buf::State(state.to_string()), Poly::zero(), ty);
     if batched {
         let row = Poly::product(&at.shape[2..]);

@@ -13,6 +13,7 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../templates/attention_flash.cu"),
     ),
     ("cache", include_str!("../templates/cache.cu")),
+    ("cache_norm", include_str!("../templates/cache_norm.cu")),
     ("copy", include_str!("../templates/copy.cu")),
     ("elementwise", include_str!("../templates/elementwise.cu")),
     ("dsa_score", include_str!("../templates/dsa_score.cu")),

@@ -191,30 +191,36 @@ fn execute(
             .collect();
         match &node.op {
             Op::Input { .. } | Op::Weight { .. } => continue,
-            Op::CacheUpdate { batched, .. } => {
+            Op::CacheUpdate { .. } | Op::CacheUpdateNorm { .. } => {
                 // Rows land at their positions of their sequence's slot.
-                let out = &at[&node.name][0];
-                let (new, positions) = (&operands[0], operands[1].as_i64().unwrap());
-                let width = new.numel() / positions.len();
-                let data = new.as_f32().unwrap();
-                let row_at = |seq: usize, p: i64| {
-                    let mut r = out.clone();
-                    let (seq_axis, pos_axis) = if *batched { (Some(0), 1) } else { (None, 0) };
-                    let elem = out.dtype.size_bytes() as i64;
-                    let mut off = out.offset_bytes.eval(b).unwrap();
-                    if let Some(a) = seq_axis {
-                        off += seq as i64 * out.strides[a].eval(b).unwrap() * elem;
+                let refs: Vec<&Tensor> = operands.iter().collect();
+                let rows = glmc_runtime::cache_op_rows(&node.op, &refs).unwrap();
+                let p = node.op.positions_operand().unwrap();
+                let positions = operands[p].as_i64().unwrap();
+                let batched = node.op.batched_cache();
+                for (out, new) in at[&node.name].iter().zip(&rows) {
+                    let width = new.numel() / positions.len();
+                    let data = new.as_f32().unwrap();
+                    let row_at = |seq: usize, p: i64| {
+                        let mut r = out.clone();
+                        let (seq_axis, pos_axis) = if batched { (Some(0), 1) } else { (None, 0) };
+                        let elem = out.dtype.size_bytes() as i64;
+                        let mut off = out.offset_bytes.eval(b).unwrap();
+                        if let Some(a) = seq_axis {
+                            off += seq as i64 * out.strides[a].eval(b).unwrap() * elem;
+                        }
+                        off += p * out.strides[pos_axis].eval(b).unwrap() * elem;
+                        r.offset_bytes = glmc_codegen::expr::Poly::constant(off);
+                        r.shape = vec![glmc_codegen::expr::Poly::constant(width as i64)];
+                        r.strides = vec![glmc_codegen::expr::Poly::constant(1)];
+                        r
+                    };
+                    for (i, &p) in positions.iter().enumerate() {
+                        let row =
+                            Tensor::f32(vec![width], data[i * width..(i + 1) * width].to_vec())
+                                .unwrap();
+                        mem.write(&row_at(i, p), b, &row, prefill);
                     }
-                    off += p * out.strides[pos_axis].eval(b).unwrap() * elem;
-                    r.offset_bytes = glmc_codegen::expr::Poly::constant(off);
-                    r.shape = vec![glmc_codegen::expr::Poly::constant(width as i64)];
-                    r.strides = vec![glmc_codegen::expr::Poly::constant(1)];
-                    r
-                };
-                for (i, &p) in positions.iter().enumerate() {
-                    let row = Tensor::f32(vec![width], data[i * width..(i + 1) * width].to_vec())
-                        .unwrap();
-                    mem.write(&row_at(i, p), b, &row, prefill);
                 }
                 continue;
             }

@@ -189,25 +189,30 @@ fn sparse_attention_reads_the_decode_cache_at_its_capacity_stride() {
 fn decode_caches_are_strided_by_the_capacity() {
     let l = lowered("tiny-sparse.ron", Target::Sm120);
     let decode = phase(&l, "decode");
-    let view = decode
+    // The latent cache's update: c_kv (the norm's width) and k_pe (the rest of x) in one launch.
+    let launch = decode
         .steps
         .iter()
         .find_map(|s| match s {
-            Step::Missing { .. } | Step::View { .. } => None,
-            Step::Launch(l) if l.op == "cache.update" => Some(l),
+            Step::Launch(l) if l.op == "cache.update.norm" && l.node.ends_with("cache.c_kv") => {
+                Some(l)
+            }
             _ => None,
         })
         .unwrap();
-    let seq = view.args.iter().find(|a| a.name == "seq_stride").unwrap();
-    let ArgValue::Int(stride) = &seq.value else {
-        panic!()
+    let int = |name: &str| match &launch.args.iter().find(|a| a.name == name).unwrap().value {
+        ArgValue::Int(p) => p.as_const().unwrap(),
+        _ => panic!("{name} is no integer"),
     };
-    let cols = view.args.iter().find(|a| a.name == "x").unwrap();
-    let ArgValue::Ptr(x) = &cols.value else {
-        panic!()
+    let width = |name: &str| match &launch.args.iter().find(|a| a.name == name).unwrap().value {
+        ArgValue::Ptr(r) => r.shape.last().unwrap().as_const().unwrap(),
+        _ => panic!("{name} is no pointer"),
     };
-    let width = x.shape.last().unwrap().as_const().unwrap();
-    assert_eq!(stride.as_const(), Some(width * LIMITS.max_context as i64));
+    let (normed, row) = (width("w"), width("x"));
+    assert!(row > normed);
+    let capacity = LIMITS.max_context as i64;
+    assert_eq!(int("seq_stride"), normed * capacity);
+    assert_eq!(int("tail_seq_stride"), (row - normed) * capacity);
 }
 
 #[test]
@@ -791,6 +796,11 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
     modules.push((
         "tiny-sparse.ron without lower-moe".into(),
         common::module_without("tiny-sparse.ron", &["lower-moe"]),
+    ));
+    // The plain cache update and rope, which fuse-cache-update leaves no shipped model.
+    modules.push((
+        "tiny-sparse.ron without fuse-cache-update".into(),
+        common::module_without("tiny-sparse.ron", &["fuse-cache-update"]),
     ));
     let mut reached = std::collections::BTreeSet::new();
     for (name, m) in &modules {

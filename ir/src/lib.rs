@@ -17,7 +17,7 @@ pub mod types;
 pub mod verify;
 
 pub use graph::{Function, Module, Node, Operand, Shard, Tp, Value};
-pub use ops::{Arity, Op, Reduce};
+pub use ops::{Arity, Op, Reduce, RopeSpan};
 pub use parse::{parse_module, ParseError};
 pub use print::{print_function, print_module, print_module_summary};
 pub use recipe::{Recipe, RecipeError};

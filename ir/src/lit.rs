@@ -178,6 +178,22 @@ impl<T: AttrValue> AttrValue for Vec<T> {
     }
 }
 
+/// An optional attribute: `none`, or the value.
+impl<T: AttrValue> AttrValue for Option<T> {
+    fn to_lit(&self) -> Lit {
+        match self {
+            None => Lit::Ident("none".into()),
+            Some(v) => v.to_lit(),
+        }
+    }
+    fn from_lit(lit: &Lit) -> Result<Self, String> {
+        match lit {
+            Lit::Ident(s) if s == "none" => Ok(None),
+            other => T::from_lit(other).map(Some),
+        }
+    }
+}
+
 impl AttrValue for Recipe {
     fn to_lit(&self) -> Lit {
         let call = |name: &str, args: Vec<Lit>| Lit::Call(name.to_string(), args);

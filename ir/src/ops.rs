@@ -165,6 +165,20 @@ ops! {
     /// operand `slot i64[1]` names the cache slot the `n` rows of one sequence go to (slot 0
     /// without it); the attention and indexer ops reading the result read that slot.
     CacheUpdate "cache.update" [if *batched { Arity::Exact(2) } else { Arity::Between(2, 3) }] { batched: bool, state: String }
+    /// A `cache.update` that makes its rows (`fuse-cache-update`): `x [n, C]`, `w [D]` (D ≤ C),
+    /// `bias [D]` when `layernorm`, `positions [n]` and, unbatched, an optional `slot` as for
+    /// `cache.update` → one cache per entry of `states`, as `cache.update` returns it. Columns
+    /// `0..D` of each row are normalised over the last axis (`rmsnorm` with `w`, or `layernorm`
+    /// with `w`, `bias`; `eps`), then `rope` (when given) rotates columns `start..end` of that
+    /// at the row's position, and the row goes to `states[0]`; when C > D, columns `D..C` go
+    /// unchanged to `states[1]`. Equal to `cache.update`s of the unfused ops, the normalised
+    /// row rounded to x's dtype before it is rotated (as the unfused norm stores it).
+    CacheUpdateNorm "cache.update.norm" [{
+        let fixed = 3 + usize::from(*layernorm);
+        if *batched { Arity::Exact(fixed) } else { Arity::Between(fixed, fixed + 1) }
+    }] {
+        batched: bool, eps: f64, layernorm: bool, rope: Option<RopeSpan>, states: Vec<String>,
+    }
     /// Expanded MLA attention: `q_nope [n,H,P]`, `q_pe [n,H,R]`, `k_nope [(b,)t,H,P]`,
     /// `k_pe [(b,)t,R]` (one rope key shared by all heads), `v [(b,)t,H,V]`, `positions [n]`, and
     /// when `sparse` the selected keys `topk [n,K]` (−1 = none) → `[n,H,V]`.
@@ -277,9 +291,85 @@ impl AttrValue for Reduce {
     }
 }
 
+/// Columns `start..end` of a row rotated as one `rope` vector (`interleaved`, `theta`), printed
+/// `interleaved(start, end, theta)` or `halves(start, end, theta)` after the pairing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeSpan {
+    pub start: u64,
+    pub end: u64,
+    pub interleaved: bool,
+    pub theta: f64,
+}
+
+impl AttrValue for RopeSpan {
+    fn to_lit(&self) -> Lit {
+        let pairing = if self.interleaved {
+            "interleaved"
+        } else {
+            "halves"
+        };
+        Lit::Call(
+            pairing.to_string(),
+            vec![self.start.to_lit(), self.end.to_lit(), self.theta.to_lit()],
+        )
+    }
+    fn from_lit(lit: &Lit) -> Result<Self, String> {
+        let Lit::Call(pairing, args) = lit else {
+            return expected("a rope span such as interleaved(0, 64, 10000.0)", lit);
+        };
+        let interleaved = match pairing.as_str() {
+            "interleaved" => true,
+            "halves" => false,
+            other => {
+                return Err(format!(
+                    "unknown rope pairing `{other}` (interleaved, halves)"
+                ))
+            }
+        };
+        let [start, end, theta] = &args[..] else {
+            return Err(format!(
+                "`{pairing}` takes start, end and theta, found {} arguments",
+                args.len()
+            ));
+        };
+        Ok(RopeSpan {
+            start: u64::from_lit(start)?,
+            end: u64::from_lit(end)?,
+            interleaved,
+            theta: f64::from_lit(theta)?,
+        })
+    }
+}
+
 impl Op {
     /// Ops with an effect beyond their outputs; dead-code elimination keeps them.
     pub fn has_side_effect(&self) -> bool {
-        matches!(self, Op::CacheUpdate { .. })
+        !self.cache_states().is_empty()
+    }
+
+    /// The cache states an op writes, output `k` being the cache of `states[k]`.
+    pub fn cache_states(&self) -> &[String] {
+        match self {
+            Op::CacheUpdate { state, .. } => std::slice::from_ref(state),
+            Op::CacheUpdateNorm { states, .. } => states,
+            _ => &[],
+        }
+    }
+
+    /// Where a cache-writing op's positions operand is, the optional `slot` coming right after.
+    pub fn positions_operand(&self) -> Option<usize> {
+        match self {
+            Op::CacheUpdate { .. } => Some(1),
+            Op::CacheUpdateNorm { layernorm, .. } => Some(2 + usize::from(*layernorm)),
+            _ => None,
+        }
+    }
+
+    /// Whether a cache-writing op writes one sequence per row (decode).
+    pub fn batched_cache(&self) -> bool {
+        matches!(
+            self,
+            Op::CacheUpdate { batched: true, .. } | Op::CacheUpdateNorm { batched: true, .. }
+        )
     }
 }

@@ -145,24 +145,29 @@ pub fn verify_function(module: &Module, f: &Function) -> Result<(), VerifyError>
         if !arity.accepts(operands.len()) {
             return fail(format!("takes {arity} operands, has {}", operands.len()));
         }
-        if let Op::CacheUpdate { state, .. } = &node.op {
-            let Some(row) = module.states.get(state) else {
-                return fail(format!(
-                    "cache state \"{state}\" is not declared in the module"
-                ));
-            };
-            let new_row = &types[0].shape[1.min(types[0].shape.len())..];
-            if row.dtype != types[0].dtype || row.shape != new_row {
-                return fail(format!(
-                    "cache state \"{state}\" holds rows of {row}, the update writes {}",
-                    types[0]
-                ));
-            }
-        }
         let inferred = match &node.op {
             Op::Input { .. } | Op::Weight { .. } => input_or_weight(&node.op, &node.outputs),
             op => infer(op, &types),
         };
+        // Each cache's rows (the output without its leading batch and position axes) must be
+        // the rows its state holds.
+        if let Ok(outputs) = &inferred {
+            let skip = if node.op.batched_cache() { 2 } else { 1 };
+            for (state, written) in node.op.cache_states().iter().zip(outputs) {
+                let Some(row) = module.states.get(state) else {
+                    return fail(format!(
+                        "cache state \"{state}\" is not declared in the module"
+                    ));
+                };
+                let new_row = &written.shape[skip.min(written.shape.len())..];
+                if row.dtype != written.dtype || row.shape != new_row {
+                    return fail(format!(
+                        "cache state \"{state}\" holds rows of {row}, the update writes rows of {}",
+                        written.with_shape(new_row.to_vec())
+                    ));
+                }
+            }
+        }
         match inferred {
             Ok(outputs) if outputs == node.outputs => {}
             Ok(outputs) => {
@@ -504,6 +509,56 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             };
             shape.extend(x[0].shape[1..].iter().cloned());
             one(x[0].with_shape(shape))
+        }
+        Op::CacheUpdateNorm {
+            batched,
+            eps,
+            layernorm,
+            rope,
+            states,
+        } => {
+            let p = op.positions_operand().expect("a cache op");
+            float("x", x[0])?;
+            rank("x", x[0], 2..=2)?;
+            let cols = const_axis(x[0], 1, "normalise")?;
+            let normed = const_axis(x[1], 0, "normalise")?;
+            let norm = if *layernorm {
+                Op::LayerNorm { eps: *eps }
+            } else {
+                Op::RmsNorm { eps: *eps }
+            };
+            let mut row = x[0].clone();
+            row.shape[1] = Dim::Const(normed);
+            infer(&norm, &[&[&row][..], &x[1..p]].concat())?;
+            if normed > cols {
+                return Err(format!("{normed} normalised columns of {} columns", x[0]));
+            }
+            let wanted = if normed < cols { 2 } else { 1 };
+            if states.len() != wanted {
+                return Err(format!(
+                    "{normed} of {cols} columns normalised write {wanted} states, not {}",
+                    states.len()
+                ));
+            }
+            if let Some(r) = rope {
+                if r.start >= r.end || r.end > normed || (r.end - r.start) % 2 != 0 {
+                    return Err(format!(
+                        "rope columns {}..{} are not an even span of the {normed} normalised",
+                        r.start, r.end
+                    ));
+                }
+            }
+            let update = Op::CacheUpdate {
+                batched: *batched,
+                state: String::new(),
+            };
+            let mut caches = infer(&update, &[&[&row][..], &x[p..]].concat())?;
+            if normed < cols {
+                let mut tail = x[0].clone();
+                tail.shape[1] = Dim::Const(cols - normed);
+                caches.extend(infer(&update, &[&[&tail][..], &x[p..]].concat())?);
+            }
+            Ok(caches)
         }
         Op::MlaAttend { sparse, .. } => {
             let (q_nope, q_pe, k_nope, k_pe, v) = (x[0], x[1], x[2], x[3], x[4]);

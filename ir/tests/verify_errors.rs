@@ -336,7 +336,7 @@ fn cache_rows_disagree_with_state() {
         "prefill",
         "model.layers.0.self_attn.c_kv_cache",
         "cache.update",
-        &["holds rows of bf16[9], the update writes bf16[s,8]"],
+        &["holds rows of bf16[9], the update writes rows of bf16[8]"],
     );
     let e = broken(|m| {
         m.states

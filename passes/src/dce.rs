@@ -36,11 +36,10 @@ pub fn eliminate_dead_code(module: &mut Module) -> bool {
             // whole dead chains.
             for n in f.canonical_order().into_iter().rev() {
                 let node = f.node(n);
-                let live = match &node.op {
-                    Op::Input { .. } => true,
-                    Op::CacheUpdate { state, .. } => read.contains(state),
-                    _ => false,
-                } || results.contains(&n)
+                let states = node.op.cache_states();
+                let live = matches!(node.op, Op::Input { .. })
+                    || states.iter().any(|s| read.contains(s))
+                    || results.contains(&n)
                     || f.graph
                         .neighbors_directed(n, Direction::Outgoing)
                         .next()
@@ -66,14 +65,16 @@ fn read_states(module: &Module) -> HashSet<String> {
     let mut read = HashSet::new();
     for f in &module.functions {
         for n in f.graph.node_indices() {
-            if let Op::CacheUpdate { state, .. } = &f.node(n).op {
-                if f.graph
+            // A node writing several states stays whole while any of them is read, so all of
+            // them stay declared.
+            let states = f.node(n).op.cache_states();
+            if !states.is_empty()
+                && f.graph
                     .neighbors_directed(n, Direction::Outgoing)
                     .next()
                     .is_some()
-                {
-                    read.insert(state.clone());
-                }
+            {
+                read.extend(states.iter().cloned());
             }
         }
     }

@@ -4,6 +4,7 @@
 pub mod absorb_mla;
 pub mod cse;
 pub mod dce;
+pub mod fuse_cache_update;
 pub mod fuse_elementwise;
 pub mod fuse_lm_head_argmax;
 pub mod fuse_mla_projections;

@@ -3,6 +3,7 @@
 use crate::absorb_mla::AbsorbMla;
 use crate::cse::Cse;
 use crate::dce::Dce;
+use crate::fuse_cache_update::FuseCacheUpdate;
 use crate::fuse_elementwise::FuseElementwise;
 use crate::fuse_lm_head_argmax::FuseLmHeadArgmax;
 use crate::fuse_mla_projections::FuseMlaProjections;
@@ -12,11 +13,12 @@ use crate::pass::PassError;
 use crate::select_attention::{AttentionChoice, SelectAttention};
 
 /// Every pass of the pipeline, in the order it runs.
-pub const PIPELINE: [&str; 8] = [
+pub const PIPELINE: [&str; 9] = [
     "fuse-mla-projections",
     "select-attention",
     "absorb-mla",
     "fuse-elementwise",
+    "fuse-cache-update",
     "fuse-lm-head-argmax",
     "lower-moe",
     "cse",
@@ -52,6 +54,9 @@ pub fn pipeline(options: &PipelineOptions) -> Result<PassManager, PassError> {
     });
     pm.add(AbsorbMla);
     pm.add(FuseElementwise);
+    // After fuse-elementwise: once the latent k_pe is rotated in the projection's epilogue, its
+    // cache update writes a plain slice and joins the c_kv update as its tail.
+    pm.add(FuseCacheUpdate);
     // A no-op unless the build is greedy and returns no logits (`Sampler::Greedy`), which the
     // graph itself says (its `sample.argmax`, no `logits` result), so the pass needs no option.
     pm.add(FuseLmHeadArgmax);

@@ -340,8 +340,8 @@ pub fn plan_memory(f: &Function, bindings: &Bindings) -> Result<MemoryPlan, Plan
                         .ok_or_else(|| overflow(&node.name, ty))?;
                     Storage::Weight
                 }
-                Op::CacheUpdate { state, .. } => Storage::Cache {
-                    state: state.clone(),
+                Op::CacheUpdate { .. } | Op::CacheUpdateNorm { .. } => Storage::Cache {
+                    state: node.op.cache_states()[k].clone(),
                 },
                 Op::Reshape { .. } => {
                     let operand = f.operands(n)[0];

@@ -510,6 +510,33 @@ impl Interpreter {
                     &pos,
                 )?)
             }
+            Op::CacheUpdateNorm {
+                batched,
+                eps,
+                layernorm,
+                rope,
+                states,
+            } => {
+                let p = node.op.positions_operand().expect("a cache op");
+                let rows = a(0).shape().first().copied().unwrap_or(0);
+                let pos = env.positions(a(p), rows)?;
+                let bias = if *layernorm { Some(a(2)) } else { None };
+                let parts = fused::norm_rows(a(0), a(1), bias, *eps, rope.as_ref(), &pos)?;
+                let slot = match args.get(p + 1) {
+                    Some(t) => Some(cache::slot(t)?),
+                    None => None,
+                };
+                let mut caches_out = Vec::with_capacity(states.len());
+                for (state, new) in states.iter().zip(&parts) {
+                    let row_type = module.states.get(state).ok_or_else(|| {
+                        Failure::Message(format!("cache state \"{state}\" is not declared"))
+                    })?;
+                    caches_out.push(Arc::new(cache::update(
+                        caches, state, row_type, *batched, slot, new, &pos,
+                    )?));
+                }
+                Ok(caches_out)
+            }
             Op::MlaAttend { scale, sparse, .. } => {
                 let rows = a(0).shape().first().copied().unwrap_or(0);
                 let pos = env.positions(a(5), rows)?;
@@ -665,6 +692,37 @@ fn check_outputs(
         env.bind(ty, t, &format!("{what}output {i} of \"{}\"", node.name))?;
     }
     Ok(())
+}
+
+/// The rows a cache-writing op (`cache.update`, `cache.update.norm`) writes at its positions,
+/// one `[n, ..]` tensor per state it writes (in `Op::cache_states` order), from its operands:
+/// what a device's cache rows are checked against, since the op's own result is the whole cache.
+pub fn cache_op_rows(op: &Op, operands: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    match op {
+        Op::CacheUpdate { .. } => Ok(vec![operands[0].clone()]),
+        Op::CacheUpdateNorm {
+            eps,
+            layernorm,
+            rope,
+            ..
+        } => {
+            let p = op.positions_operand().expect("a cache op");
+            let positions = kernels::i64s(operands[p], "positions")?
+                .iter()
+                .map(|&x| usize::try_from(x).map_err(|_| format!("position {x} is negative")))
+                .collect::<Result<Vec<usize>, String>>()?;
+            let bias = if *layernorm { Some(operands[2]) } else { None };
+            fused::norm_rows(
+                operands[0],
+                operands[1],
+                bias,
+                *eps,
+                rope.as_ref(),
+                &positions,
+            )
+        }
+        other => Err(format!("`{}` writes no cache", other.name())),
+    }
 }
 
 /// Runs `f` once with a fresh [`Interpreter`] (no weight reuse across calls).

@@ -13,7 +13,8 @@ pub use tensor::{Data, Tensor, TensorError};
 pub use weights::{Checkpoint, StoredTensor, WeightError};
 pub mod interp;
 pub use interp::{
-    run_function, InterpError, Interpreter, SequenceCache, TraceFn, TraceRecord, WeightSource,
+    cache_op_rows, run_function, InterpError, Interpreter, SequenceCache, TraceFn, TraceRecord,
+    WeightSource,
 };
 pub mod generate;
 pub mod sampling;

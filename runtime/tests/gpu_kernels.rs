@@ -723,7 +723,7 @@ fn check_node(
     let node = f.node(n);
     let mini = cut(f, n);
     let mut mini_module = Module::new(format!("{}-{}", module.name, node.name));
-    if let Op::CacheUpdate { state, .. } = &node.op {
+    for state in node.op.cache_states() {
         mini_module
             .states
             .insert(state.clone(), module.states[state].clone());
@@ -740,47 +740,54 @@ fn check_node(
     fit_operands(&mini, &node.op, &mut ins, rng, context);
     let run = run_on_gpu(dev, &mini_module, limits, &ins, &b, false);
     let kernels = launched(&run.phase, &b);
-    if let Op::CacheUpdate { state, batched } = &node.op {
-        // Row i of the new values (the operand after its views, from the interpreter) must sit
-        // at positions[i] of its sequence's cache.
+    let states = node.op.cache_states();
+    if !states.is_empty() {
+        // The rows the interpreter's op writes (from its operands after their views) must sit
+        // at positions[i] of sequence i's cache (or the slot's): exactly the new rows for a
+        // `cache.update`, within tolerance where the op computes them.
         let mut views = mini.clone();
         let last = views.results[0].1.node;
-        let operand = views.operands(last)[0];
+        let operands = views.operands(last);
         views.graph.remove_node(last);
-        views.results = vec![("new".into(), operand)];
-        let new_rows = interpret(&mini_module, &views, &ins)?;
-        let new = new_rows[0].as_f32().unwrap();
-        let pos = ins[input_of_operand(&mini, 1)].as_i64().unwrap();
-        let row = new.len() / pos.len();
-        let ty = &module.states[state];
-        let cache = &run.states[state];
-        let size = ty.dtype.size_bytes() as usize;
-        let slot = match mini.operands(last).get(2) {
-            Some(_) => ins[input_of_operand(&mini, 2)].as_i64().unwrap()[0] as usize,
-            None => 0,
-        };
-        for (i, &p) in pos.iter().enumerate() {
-            let seq = if *batched { i } else { slot };
-            for j in 0..row {
-                let e = (seq * limits.max_context as usize + p as usize) * row + j;
-                let raw = &cache[e * size..(e + 1) * size];
-                let got = match ty.dtype {
-                    DType::BF16 => bf16::from_le_bytes(raw.try_into().unwrap()).to_f32(),
-                    _ => f32::from_le_bytes(raw.try_into().unwrap()),
-                };
-                if got != new[i * row + j] {
+        views.results = operands
+            .iter()
+            .enumerate()
+            .map(|(k, v)| (format!("operand{k}"), *v))
+            .collect();
+        let args = interpret(&mini_module, &views, &ins)?;
+        let arg_refs: Vec<&Tensor> = args.iter().collect();
+        let want = glmc_runtime::cache_op_rows(&node.op, &arg_refs)?;
+        let exact = matches!(node.op, Op::CacheUpdate { .. });
+        let batched = node.op.batched_cache();
+        let mut worst = 0f64;
+        for (state, w) in states.iter().zip(&want) {
+            let ty = &module.states[state];
+            let written = cache_rows(&run, &mini, &ins, (state, ty), batched, limits.max_context);
+            let reference: Vec<f64> = w.as_f32().unwrap().iter().map(|x| *x as f64).collect();
+            if exact {
+                if let Some(e) = (0..written.len()).find(|&e| written[e] != reference[e]) {
+                    let width = reference.len() / w.shape()[0];
                     return Err(format!(
-                        "row {i} col {j}: cache holds {got}, wrote {}",
-                        new[i * row + j]
+                        "{state} row {} col {}: cache holds {}, wrote {}",
+                        e / width,
+                        e % width,
+                        written[e],
+                        reference[e]
                     ));
                 }
+            } else {
+                let err =
+                    compare(&written, &reference, ty.dtype).map_err(|e| format!("{state}: {e}"))?;
+                worst = worst.max(err);
             }
         }
-        return Ok(format!(
-            "{} rows exact via {}",
-            pos.len(),
-            kernels.join(",")
-        ));
+        let rows = want[0].shape()[0];
+        let how = if exact {
+            "exact".to_string()
+        } else {
+            format!("max err {worst:.2e}")
+        };
+        return Ok(format!("{rows} rows {how} via {}", kernels.join(",")));
     }
     if node.op == (Op::MatmulArgmax {}) {
         let (_, at) = &run.phase.results[0];
@@ -807,6 +814,45 @@ fn check_node(
         worst = worst.max(compare(&gpu, &want, at.dtype)?);
     }
     Ok(format!("max err {worst:.2e} via {}", kernels.join(",")))
+}
+
+/// What a GPU run of a cut cache op left at its positions of `state` (rows of `row`): row i at
+/// positions[i] of sequence i (`batched`) or of the cut's slot, the rows one after another.
+fn cache_rows(
+    run: &Run,
+    mini: &Function,
+    ins: &[Tensor],
+    (state, row): (&str, &TensorType),
+    batched: bool,
+    max_context: u64,
+) -> Vec<f64> {
+    let last = mini.results[0].1.node;
+    let p = mini.node(last).op.positions_operand().expect("a cache op");
+    let pos = ins[input_of_operand(mini, p)].as_i64().unwrap();
+    let slot = match mini.operands(last).get(p + 1) {
+        Some(_) => ins[input_of_operand(mini, p + 1)].as_i64().unwrap()[0] as usize,
+        None => 0,
+    };
+    let width: usize = row
+        .shape
+        .iter()
+        .map(|d| d.as_const().unwrap() as usize)
+        .product();
+    let cache = &run.states[state];
+    let size = row.dtype.size_bytes() as usize;
+    let mut out = Vec::with_capacity(pos.len() * width);
+    for (i, &p) in pos.iter().enumerate() {
+        let seq = if batched { i } else { slot };
+        for j in 0..width {
+            let e = (seq * max_context as usize + p as usize) * width + j;
+            let raw = &cache[e * size..(e + 1) * size];
+            out.push(match row.dtype {
+                DType::BF16 => bf16::from_le_bytes(raw.try_into().unwrap()).to_f32() as f64,
+                _ => f32::from_le_bytes(raw.try_into().unwrap()) as f64,
+            });
+        }
+    }
+    out
 }
 
 /// The interpreter's logits `matmul(x, w)` of a cut `matmul.argmax` (its one node made the
@@ -866,8 +912,9 @@ fn argmax_close(tokens: &[f64], logits: &Tensor, dtype: DType) -> Result<usize, 
 }
 
 /// The tiny models: tiny-sparse also in bf16, whose prefill takes the tensor-core grouped GEMM
-/// at sizes the interpreter checks (GLM-5's are too large to cut out), and without `lower-moe`,
-/// which keeps the `moe.experts` baseline the lowered kernels replaced; tiny-dense in bf16,
+/// at sizes the interpreter checks (GLM-5's are too large to cut out), without `lower-moe`,
+/// which keeps the `moe.experts` baseline the lowered kernels replaced, and without
+/// `fuse-cache-update`, which keeps the plain `cache.update` and `rope`; tiny-dense in bf16,
 /// whose prefill attention takes the flash kernel (8 + 8 query dims, padded tiles); tiny-sparse
 /// built greedy in f32 and bf16, whose lm_head is fused with the argmax.
 #[test]
@@ -879,6 +926,7 @@ fn every_kernel_instance_matches_the_interpreter() {
             ("tiny-sparse.ron", None, &[][..], TopP),
             ("tiny-sparse.ron", Some(DType::BF16), &[], TopP),
             ("tiny-sparse.ron", None, &["lower-moe"], TopP),
+            ("tiny-sparse.ron", None, &["fuse-cache-update"], TopP),
             ("tiny-dense.ron", None, &[], TopP),
             ("tiny-dense.ron", Some(DType::BF16), &[], TopP),
             ("tiny-sparse.ron", None, &[], Greedy),
@@ -1322,7 +1370,7 @@ fn kernel_bandwidth_at_glm5_sizes() {
             }
             let mini = cut(f, n);
             let mut mm = Module::new("bench");
-            if let Op::CacheUpdate { state, .. } = &f.node(n).op {
+            for state in f.node(n).op.cache_states() {
                 mm.states
                     .insert(state.clone(), module.states[state].clone());
             }

@@ -1,10 +1,13 @@
-//! The ops `fuse-elementwise` makes (`add.rmsnorm`, `swiglu`, `matmul.rope`) and the one
-//! `fuse-lm-head-argmax` makes (`matmul.argmax`).
+//! The ops `fuse-elementwise` makes (`add.rmsnorm`, `swiglu`, `matmul.rope`), the one
+//! `fuse-lm-head-argmax` makes (`matmul.argmax`) and the rows of the one `fuse-cache-update`
+//! makes (`cache.update.norm`).
 //!
 //! Each is computed by the very kernels of the ops it replaces, in the same order and with the
 //! same intermediate rounding to f32, so a fused graph gives bit-for-bit the unfused graph's
 //! values. A GPU kernel fuses them to save memory traffic; this is the reference it is checked
 //! against.
+
+use glmc_ir::RopeSpan;
 
 use super::kernels::{self, f32s, make, KResult};
 use crate::tensor::Tensor;
@@ -100,4 +103,55 @@ pub(super) fn matmul_argmax(x: &Tensor, w: &Tensor) -> KResult<Tensor> {
         return Err(format!("x must be [n, K], is {:?}", x.shape()));
     }
     super::sample::argmax(&kernels::matmul(x, w)?)
+}
+
+/// The rows `cache.update.norm` writes, one tensor per state: `norm(x[:, ..D])` with columns
+/// `rope.start..rope.end` of it rotated (the `rope` kernel on that slice of the norm's output,
+/// written back in place, as the unfused `concat` of the pieces puts it), and `x[:, D..]` when
+/// x is wider than the norm's D columns.
+pub(super) fn norm_rows(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    eps: f64,
+    rope: Option<&RopeSpan>,
+    positions: &[usize],
+) -> KResult<Vec<Tensor>> {
+    let err = |e: crate::tensor::TensorError| e.to_string();
+    let [rows, cols] = x.shape()[..] else {
+        return Err(format!("x must be [n, C], is {:?}", x.shape()));
+    };
+    let d = w.shape().first().copied().unwrap_or(0);
+    if d > cols {
+        return Err(format!("{d} normalised columns of {cols}"));
+    }
+    let head = x.slice(1, 0, d).map_err(err)?;
+    let normed = match bias {
+        Some(b) => kernels::layernorm(&head, w, b, eps)?,
+        None => kernels::rmsnorm(&head, w, eps)?,
+    };
+    let normed = match rope {
+        None => normed,
+        Some(r) => {
+            let (start, end) = (r.start as usize, r.end as usize);
+            if start >= end || end > d {
+                return Err(format!("rope columns {start}..{end} of {d}"));
+            }
+            let part = normed.slice(1, start, end).map_err(err)?;
+            let rotated = kernels::rope(&part, positions, r.interleaved, r.theta)?;
+            let mut data = f32s(&normed, "normalised rows")?.to_vec();
+            for (i, v) in f32s(&rotated, "rotated columns")?
+                .chunks_exact(end - start)
+                .enumerate()
+            {
+                data[i * d + start..i * d + end].copy_from_slice(v);
+            }
+            make(vec![rows, d], data)?
+        }
+    };
+    let mut out = vec![normed];
+    if d < cols {
+        out.push(x.slice(1, d, cols).map_err(err)?);
+    }
+    Ok(out)
 }
