@@ -14,7 +14,8 @@
 //! Made only when every value from N to the update's operand has no reader but the next piece
 //! (N only its slices) and none is a function result, so nothing else needs the normalised rows
 //! (in an expanded-attention prefill they would feed `kv_b_proj`; there the update reads the
-//! cache back instead, so nothing is lost). The rope, the slices, the concat and the norm go.
+//! cache back instead, so nothing is lost). The rope, the slices, the concat and the norm go,
+//! and so do the two column slices a tail fusion leaves unread.
 //!
 //! The tail: when the norm reads `slice(X, 0..D)` of the last axis of `X [n, C]` and another
 //! `cache.update` (same positions, slot and batching) writes `slice(X, D..C)`, the fused node
@@ -309,7 +310,11 @@ fn fuse(f: &mut Function, plan: Plan) {
     let fused = f.add_node(op, format!("{name}#fusing"), &operands, outputs);
     f.replace_all_uses(update.into(), fused.into());
     f.graph.remove_node(update);
+    // With a tail, the slices the norm and the tail update read are views nobody else may read.
+    let mut views = Vec::new();
     if let Some(t) = tail {
+        views.push(norm_operands[0]);
+        views.push(f.operands(t.update)[0]);
         f.replace_all_uses(
             t.update.into(),
             Value {
@@ -323,5 +328,10 @@ fn fuse(f: &mut Function, plan: Plan) {
         f.graph.remove_node(n);
     }
     f.graph.remove_node(norm);
+    for v in views {
+        if f.users(v).is_empty() && !is_result(f, v) {
+            f.graph.remove_node(v.node);
+        }
+    }
     f.graph[fused].name = name;
 }
