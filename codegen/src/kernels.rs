@@ -11,7 +11,7 @@ use glmc_ir::{DType, Node, Op, RopeSpan};
 
 use crate::expr::{Bindings, GridDim, Guard, Poly};
 use crate::layout::{Rows, TensorRef};
-use crate::schedule::{Arg, ArgValue, Kernel};
+use crate::schedule::{Arg, ArgValue};
 use crate::target::Target;
 
 mod prefill;
@@ -2587,156 +2587,11 @@ fn moe_sort(cx: &NodeCtx, experts: u64) -> Result<Lowering, String> {
     Ok(b.launch(GridDim::fixed(1), args))
 }
 
-/// Rows of one expert a work item of the skinny grouped GEMM takes: at decode (≤ 64 tokens × 8
+/// Rows of one expert a block of the skinny grouped GEMM takes: at decode (≤ 64 tokens × 8
 /// slots over 256 experts) an expert rarely has more, so its weights are read once.
 const MOE_SKINNY_ROWS: u64 = 8;
-/// Columns one block of [`MoeSkinny::Slots`] computes (8 warps × 2).
+/// Columns one block of the skinny grouped GEMM computes (8 warps × 2).
 const MOE_SKINNY_COLS: u64 = 16;
-
-/// How the skinny grouped GEMM (`moe.gate_up`, `moe.down` at decode and in f32) spreads its work
-/// items (a run of up to [`MOE_SKINNY_ROWS`] rows of one expert × a column tile) over blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MoeSkinny {
-    /// `moe_gemm_skinny.cu`: a block per routed row and 16-column tile, working where its row
-    /// starts a run.
-    Slots,
-    /// `moe_gemm_skinny_persistent.cu`: `blocks` resident blocks an SM walk the items, each warp
-    /// streaming `warp_cols` columns (of gate and up, or of down) through a ring of `depth` steps
-    /// of 16-byte loads a lane.
-    Persistent {
-        warp_cols: u64,
-        depth: u64,
-        blocks: u64,
-    },
-}
-
-const MOE_SLOTS_TEMPLATE: &str = "moe_gemm_skinny";
-const MOE_PERSISTENT_TEMPLATE: &str = "moe_gemm_skinny_persistent";
-
-impl MoeSkinny {
-    pub fn template(self) -> &'static str {
-        match self {
-            MoeSkinny::Slots => MOE_SLOTS_TEMPLATE,
-            MoeSkinny::Persistent { .. } => MOE_PERSISTENT_TEMPLATE,
-        }
-    }
-
-    /// Its template parameters beyond the op's (rows, vector width, shapes, dtypes).
-    pub fn params(self) -> Vec<(&'static str, u64)> {
-        match self {
-            MoeSkinny::Slots => Vec::new(),
-            MoeSkinny::Persistent {
-                warp_cols,
-                depth,
-                blocks,
-            } => vec![
-                ("warp_cols", warp_cols),
-                ("depth", depth),
-                ("min_blocks", blocks),
-            ],
-        }
-    }
-
-    /// Its grid for `routed` rows on `target`, with `n` output columns.
-    pub fn grid(self, routed: &Poly, n: u64, target: Target) -> GridDim {
-        match self {
-            MoeSkinny::Slots => GridDim::one_block_each(
-                routed.mul(&Poly::constant(n.div_ceil(MOE_SKINNY_COLS) as i64)),
-            ),
-            MoeSkinny::Persistent { blocks, .. } => {
-                GridDim::fixed(u64::from(target.sm_count()) * blocks)
-            }
-        }
-    }
-
-    /// Whether `kernel` is a skinny grouped GEMM (of either grid).
-    pub fn is_skinny(kernel: &Kernel) -> bool {
-        [MOE_SLOTS_TEMPLATE, MOE_PERSISTENT_TEMPLATE].contains(&kernel.template.as_str())
-    }
-
-    /// `kernel`, a skinny grouped GEMM as lowered, made this variant (its grid is
-    /// [`MoeSkinny::grid`]): what a sweep times and compiles.
-    pub fn apply(self, kernel: &mut Kernel) {
-        kernel.template = self.template().into();
-        for key in ["warp_cols", "depth", "min_blocks"] {
-            kernel.params.remove(key);
-        }
-        for (key, value) in self.params() {
-            kernel.params.insert(key.into(), value.to_string());
-        }
-    }
-
-    /// Columns of one work item.
-    fn cols(self) -> u64 {
-        match self {
-            MoeSkinny::Slots => MOE_SKINNY_COLS,
-            MoeSkinny::Persistent { warp_cols, .. } => 8 * warp_cols,
-        }
-    }
-}
-
-impl std::fmt::Display for MoeSkinny {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MoeSkinny::Slots => write!(f, "slots"),
-            MoeSkinny::Persistent {
-                warp_cols,
-                depth,
-                blocks,
-            } => write!(f, "p{warp_cols}/{depth}/{blocks}"),
-        }
-    }
-}
-
-/// The skinny grouped GEMM the compiler ships for `moe.gate_up` and `moe.down`: persistent
-/// grids (see `moe_gemm_skinny_persistent.cu` for the arithmetic), 4 KB of weight loads in
-/// flight a warp at two blocks an SM. The per-slot grid reached 71% of the copy bandwidth on
-/// moe.down at batch 1 (Nsight Compute on an H200: 67.5 µs, 3.03 TB/s) and 87% on gate_up.
-/// `glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed` times these against
-/// [`MOE_SKINNY_VARIANTS`].
-pub const MOE_SKINNY_GATE_UP: MoeSkinny = MoeSkinny::Persistent {
-    warp_cols: 1,
-    depth: 4,
-    blocks: 2,
-};
-pub const MOE_SKINNY_DOWN: MoeSkinny = MoeSkinny::Persistent {
-    warp_cols: 2,
-    depth: 4,
-    blocks: 2,
-};
-
-/// What the MoE sweep times besides the shipped ones, for gate_up and for down: the per-slot
-/// grid, and persistent grids of 2–8 KB of loads in flight a warp at one or two blocks an SM
-/// (32–64 KB an SM). Three blocks an SM (80 registers) spill with any ring: a run's 8 rows
-/// hold 16–32 accumulators, and ptxas keeps their x vectors and row pointers in registers
-/// (another 48). Every one here compiles without local memory for both targets
-/// (codegen/tests/compile_cuda.rs).
-pub const MOE_SKINNY_VARIANTS: [&[MoeSkinny]; 2] = {
-    const fn p(warp_cols: u64, depth: u64, blocks: u64) -> MoeSkinny {
-        MoeSkinny::Persistent {
-            warp_cols,
-            depth,
-            blocks,
-        }
-    }
-    [
-        &[
-            MoeSkinny::Slots,
-            p(1, 2, 2),
-            p(1, 3, 2),
-            p(1, 8, 1),
-            p(2, 3, 1),
-        ],
-        &[
-            MoeSkinny::Slots,
-            p(2, 2, 2),
-            p(1, 4, 2),
-            p(2, 8, 1),
-            p(2, 4, 1),
-        ],
-    ]
-};
-
 /// Row and column tile of the tensor-core grouped GEMM (`moe_gemm_mma.cu`), its shared memory.
 const MOE_MMA_TILE: u64 = 128;
 const MOE_MMA_SHARED: u32 = 4 * (128 + 128) * 32 * 2;
@@ -2808,19 +2663,14 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
                 "{op}: K = {k} and the rows of x ({x}) must allow {vec}-element vectors"
             ));
         }
-        let skinny = if swiglu {
-            MOE_SKINNY_GATE_UP
-        } else {
-            MOE_SKINNY_DOWN
-        };
-        moe_skinny_fits(skinny, experts, n, &routed, cx.limits)?;
-        let mut b = Builder::new(skinny.template(), 256)
+        let b = Builder::new("moe_gemm_skinny", 256)
             .param("rows", MOE_SKINNY_ROWS)
             .param("vec", vec);
-        for (key, value) in skinny.params() {
-            b = b.param(key, value);
-        }
-        (b, skinny.grid(&routed, n, cx.target))
+        let tiles = n.div_ceil(MOE_SKINNY_COLS);
+        (
+            b,
+            GridDim::one_block_each(routed.mul(&Poly::constant(tiles as i64))),
+        )
     };
     let b = b
         .param("op", op)
@@ -2842,36 +2692,6 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
     }
     args.push(int("tokens", tokens));
     Ok(b.launch(grid, args))
-}
-
-/// Whether the persistent skinny grouped GEMM takes `experts` experts (its run table in static
-/// shared memory) and, at the phase's limits, counts its items ((routed rows) × tiles) in an int.
-fn moe_skinny_fits(
-    skinny: MoeSkinny,
-    experts: u64,
-    n: u64,
-    routed: &Poly,
-    limits: &Bindings,
-) -> Result<(), String> {
-    if skinny == MoeSkinny::Slots {
-        return Ok(());
-    }
-    let table = 2 * (experts + 1) * 4 + 8 * MOE_SKINNY_ROWS * 8 + 8 * 4;
-    if table > STATIC_SHARED_LIMIT {
-        return Err(format!(
-            "{experts} experts take {table} bytes of run table (at most {STATIC_SHARED_LIMIT})"
-        ));
-    }
-    let items = routed
-        .eval(limits)
-        .map(|r| r as u64 * n.div_ceil(skinny.cols()));
-    // Half the range: a block steps its item index once past the last.
-    if items.is_none_or(|i| i > (i32::MAX / 2) as u64) {
-        return Err(format!(
-            "{routed} routed rows × {n} columns at the limits overflow the item count"
-        ));
-    }
-    Ok(())
 }
 
 /// Threads of `moe.combine`'s block per token and column slice.

@@ -156,18 +156,6 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     return v;
 }
 
-// A vector of N elements of a weight read once: ld_stream16 where it is 16 bytes (not kept in
-// L1, so it does not evict the activations that the same kernel rereads there), else a plain
-// load.
-template <typename T, int N> __device__ __forceinline__ Vec<T, N> ld_stream(const T* p) {
-    if constexpr (sizeof(Vec<T, N>) == 16) {
-        const uint4 u = ld_stream16(p);
-        return *reinterpret_cast<const Vec<T, N>*>(&u);
-    } else {
-        return *reinterpret_cast<const Vec<T, N>*>(p);
-    }
-}
-
 // The dynamic shared memory of the kernels that take more than 48 KiB; one declaration, since
 // every kernel in this file shares the name.
 extern __shared__ __align__(16) unsigned char dynamic_smem[];

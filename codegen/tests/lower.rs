@@ -776,7 +776,6 @@ fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
 /// without the wait fails here even before it is first used.
 #[test]
 fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
-    use glmc_codegen::kernels::MoeSkinny;
     use glmc_codegen::render::{self, GRID_DEPENDENCY_CONTROL, TEMPLATES};
     use glmc_ir::DType;
     let mut modules: Vec<(String, glmc_ir::Module)> = Vec::new();
@@ -820,21 +819,6 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
             })
             .collect();
         l.kernels.extend(persistent);
-        // The skinny grouped GEMMs on the per-slot grid too, which the MoE sweep times.
-        let slots: Vec<_> = l
-            .kernels
-            .iter()
-            .filter(|k| MoeSkinny::is_skinny(k))
-            .map(|k| {
-                let mut k = glmc_codegen::schedule::Kernel {
-                    name: format!("{}_slots", k.name),
-                    ..k.clone()
-                };
-                MoeSkinny::Slots.apply(&mut k);
-                k
-            })
-            .collect();
-        l.kernels.extend(slots);
         // render refuses a kernel whose body does not open with the wait (or weights, then it).
         let source = render::render(&l.kernels).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(

@@ -20,15 +20,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use cudarc::driver::CudaSlice;
 use glmc_codegen::artifact::{self, WeightEntry};
 use glmc_codegen::expr::{Bindings, GridDim, Guard};
 use glmc_codegen::kernels::{
-    persistent_blocks, shipped_tiled_gemm, MoeSkinny, TiledGemm, MOE_SKINNY_DOWN,
-    MOE_SKINNY_GATE_UP, MOE_SKINNY_VARIANTS, TILED_GEMM, TILED_GEMM_VARIANTS,
+    persistent_blocks, shipped_tiled_gemm, TiledGemm, TILED_GEMM, TILED_GEMM_VARIANTS,
 };
 use glmc_codegen::layout::{Buf, TensorRef};
-use glmc_codegen::schedule::{ArgValue, Kernel, Phase, Step};
+use glmc_codegen::schedule::{Kernel, Phase, Step};
 use glmc_codegen::{
     lower_module, lower_module_with, nvcc, render, Limits, Lowered, Target, Variant,
 };
@@ -293,28 +291,27 @@ fn run_on_gpu_with(
     time_it: bool,
     lower: &LowerWith,
 ) -> Run {
-    run_variants_on_gpu(dev, module, limits, ins, b, time_it, &[lower])
-        .pop()
-        .unwrap()
-}
-
-/// [`run_on_gpu_with`] for each of `lowers` in turn on one upload of the inputs (a sweep's
-/// variants of a GLM-5-sized MoE op share gigabytes of weights). The last run holds the bytes
-/// of the inputs and states as the runs leave them; the others hold only their arena.
-fn run_variants_on_gpu(
-    dev: &Device,
-    module: &Module,
-    limits: Limits,
-    ins: &[Tensor],
-    b: &Bindings,
-    time_it: bool,
-    lowers: &[&LowerWith],
-) -> Vec<Run> {
+    let lowered = lower(module, dev.target, limits);
+    let phase = lowered.phases[0].clone();
+    let source = render::render(&lowered.kernels).unwrap();
+    let compiled = nvcc::compile(
+        &dev.compiler,
+        &source,
+        dev.target,
+        nvcc::default_cache_dir().as_deref(),
+    )
+    .unwrap();
     let gpu = &dev.gpu;
-    let first = lowers[0](module, dev.target, limits);
-    let mut memory = Memory::default();
+    let mut kernels = gpu
+        .load(&compiled.cubin, LaunchMode::of(lowered.programmatic_launch))
+        .unwrap();
+    let arena = gpu.alloc(phase.arena_bytes as usize).unwrap();
+    let mut memory = Memory {
+        arena: gpu.address(&arena),
+        ..Default::default()
+    };
     let mut input_bufs = Vec::new();
-    for (i, (_, at)) in first.phases[0].inputs.iter().enumerate() {
+    for (i, (_, at)) in phase.inputs.iter().enumerate() {
         let buf = gpu.upload(&ins[i].to_bytes(at.dtype).unwrap()).unwrap();
         let Buf::Input(index) = at.buf else {
             unreachable!()
@@ -330,66 +327,6 @@ fn run_variants_on_gpu(
         memory.states.insert(name.clone(), gpu.address(&buf));
         state_bufs.push((name.clone(), buf));
     }
-    let mut runs: Vec<Run> = lowers
-        .iter()
-        .enumerate()
-        .map(|(v, lower)| {
-            let lowered = if v == 0 {
-                first.clone()
-            } else {
-                lower(module, dev.target, limits)
-            };
-            let (phase, arena, seconds_per_run) =
-                run_lowered(dev, &lowered, &memory, &input_bufs, b, time_it);
-            Run {
-                phase,
-                arena,
-                inputs: BTreeMap::new(),
-                states: BTreeMap::new(),
-                seconds_per_run,
-            }
-        })
-        .collect();
-    let last = runs.last_mut().unwrap();
-    last.inputs = input_bufs
-        .iter()
-        .map(|(i, buf)| (*i, gpu.download(buf).unwrap()))
-        .collect();
-    last.states = state_bufs
-        .iter()
-        .map(|(n, buf)| (n.clone(), gpu.download(buf).unwrap()))
-        .collect();
-    runs
-}
-
-/// Runs `lowered`'s first phase once on the uploaded inputs and states of `memory` (and, when
-/// `time_it`, times it); returns the phase, the bytes of its arena and the seconds per run.
-fn run_lowered(
-    dev: &Device,
-    lowered: &Lowered,
-    memory: &Memory,
-    input_bufs: &[(u64, CudaSlice<u8>)],
-    b: &Bindings,
-    time_it: bool,
-) -> (Phase, Vec<u8>, Option<f64>) {
-    let phase = lowered.phases[0].clone();
-    let source = render::render(&lowered.kernels).unwrap();
-    let compiled = nvcc::compile(
-        &dev.compiler,
-        &source,
-        dev.target,
-        nvcc::default_cache_dir().as_deref(),
-    )
-    .unwrap();
-    let gpu = &dev.gpu;
-    let mut kernels = gpu
-        .load(&compiled.cubin, LaunchMode::of(lowered.programmatic_launch))
-        .unwrap();
-    let arena = gpu.alloc(phase.arena_bytes as usize).unwrap();
-    let memory = Memory {
-        arena: gpu.address(&arena),
-        ..memory.clone()
-    };
     let launches: Vec<_> = phase.launches().cloned().collect();
     for l in &launches {
         launch(&gpu.stream, &mut kernels, l, &memory, b).unwrap();
@@ -412,7 +349,7 @@ fn run_lowered(
             .map(|c| {
                 let mut m = memory.clone();
                 if c > 0 {
-                    for (index, buf) in input_bufs {
+                    for (index, buf) in &input_bufs {
                         let copy = gpu.stream.clone_dtod(buf).unwrap();
                         m.inputs.insert(*index, gpu.address(&copy));
                         copy_bufs.push(copy);
@@ -447,7 +384,19 @@ fn run_lowered(
         drop(copy_bufs);
         start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / reps as f64
     });
-    (phase, gpu.download(&arena).unwrap(), seconds_per_run)
+    Run {
+        phase,
+        arena: gpu.download(&arena).unwrap(),
+        inputs: input_bufs
+            .iter()
+            .map(|(i, buf)| (*i, gpu.download(buf).unwrap()))
+            .collect(),
+        states: state_bufs
+            .iter()
+            .map(|(n, buf)| (n.clone(), gpu.download(buf).unwrap()))
+            .collect(),
+        seconds_per_run,
+    }
 }
 
 fn bytes_of(run: &Run, at: &TensorRef) -> Vec<u8> {
@@ -2144,9 +2093,7 @@ fn random_bf16(rng: &mut Rng, shape: Vec<usize>, scale: f32) -> Tensor {
 /// codegen II runs on the same table too, for comparison. Timed by `run_on_gpu` (inputs from
 /// DRAM, in a CUDA graph); written to
 /// `moe-decode.md` and `moe-prefill.md`, one test each (the prefill's weight tables take a
-/// minute or more of host time to make). At decode each op runs in the shipped skinny variant
-/// and each of [`MOE_SKINNY_VARIANTS`] (on one upload of the weights), each checked, and a line
-/// names the fastest, so that the lowering's choice is read off a measurement.
+/// minute or more of host time to make).
 #[test]
 #[ignore = "gpu"]
 fn glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed() {
@@ -2299,8 +2246,7 @@ fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
     };
     let mut report = format!(
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s\n\
-         variant: the skinny grouped GEMM's grid (`slots`: a block per routed row and tile; `pC/D/B`: persistent, C columns a warp, a ring of D steps, B blocks an SM), * = shipped\n\
-         | phase | tokens | active experts | op | kernel | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+         | phase | tokens | active experts | op | kernel | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut failures = Vec::new();
     for &(phase, sym, tokens) in cases {
@@ -2406,130 +2352,50 @@ fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
             f.results.push(("out0".into(), node.into()));
             let mut mm = Module::new("moe");
             mm.functions.push(f.clone());
-            // At decode the skinny grouped GEMM in each variant (the shipped one first), on one
-            // upload of the weights; elsewhere the lowering's one kernel.
-            let variants: Vec<Option<MoeSkinny>> = match (phase, op) {
-                ("decode", Op::MoeGateUp {} | Op::MoeDown {}) => {
-                    let (shipped, others) = match op {
-                        Op::MoeGateUp {} => (MOE_SKINNY_GATE_UP, MOE_SKINNY_VARIANTS[0]),
-                        _ => (MOE_SKINNY_DOWN, MOE_SKINNY_VARIANTS[1]),
-                    };
-                    std::iter::once(shipped)
-                        .chain(others.iter().copied().filter(|v| *v != shipped))
-                        .map(Some)
-                        .collect()
-                }
-                _ => vec![None],
-            };
-            let lowers: Vec<Box<LowerWith>> = variants
-                .iter()
-                .map(|v| -> Box<LowerWith> {
-                    match *v {
-                        Some(v) => Box::new(move |m: &Module, t: Target, l: Limits| {
-                            moe_skinny_variant(lower_module(m, t, l).unwrap(), v, t)
-                        }),
-                        None => Box::new(|m: &Module, t: Target, l: Limits| {
-                            lower_module(m, t, l).unwrap()
-                        }),
-                    }
-                })
-                .collect();
-            let lowers: Vec<&LowerWith> = lowers.iter().map(|l| l.as_ref()).collect();
-            // Every variant compiled first, on every core, into the cubin cache the runs read.
-            let sources: Vec<String> = lowers
-                .iter()
-                .map(|l| variant_source(&mm, dev.target, limits, l))
-                .collect();
-            compile_all(&dev, &sources);
-            let runs = run_variants_on_gpu(&dev, &mm, limits, &ins, &b, true, &lowers);
-            let reference: Option<Vec<f64>> = (tokens < 4096).then(|| {
+            let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
+            let err = if tokens < 4096 {
                 let want = interpret(&mm, &f, &ins).unwrap();
-                want[0]
+                let at = &run.phase.results[0].1;
+                let gpu = gather(&bytes_of(&run, at), at, &b);
+                let reference: Vec<f64> = want[0]
                     .as_f32()
                     .unwrap()
                     .iter()
                     .map(|x| *x as f64)
-                    .collect()
-            });
-            let mut best: Option<(f64, String, String)> = None;
-            for (v, run) in variants.iter().zip(&runs) {
-                let at = &run.phase.results[0].1;
-                let gpu = gather(&bytes_of(run, at), at, &b);
-                let checked = match &reference {
-                    Some(reference) => {
-                        compare(&gpu, reference, at.dtype).map(|e| format!("{e:.1e}"))
+                    .collect();
+                match compare(&gpu, &reference, at.dtype) {
+                    Ok(e) => format!("{e:.1e}"),
+                    Err(why) => {
+                        failures.push(format!("{phase} {tokens} {}: {why}", op.name()));
+                        "FAIL".into()
                     }
-                    None => {
-                        let (got, want, rows) = sampled_moe_rows(op, &ins, &gpu, TOP_K);
-                        compare(&got, &want, at.dtype)
-                            .map(|e| format!("{e:.1e} ({rows} sampled rows)"))
-                    }
-                };
-                let name = match v {
-                    Some(v) if Some(v) == variants[0].as_ref() => format!("{v}*"),
-                    Some(v) => v.to_string(),
-                    None => "as lowered*".to_string(),
-                };
-                let err = checked.unwrap_or_else(|why| {
-                    failures.push(format!("{phase} {tokens} {} {name}: {why}", op.name()));
-                    "FAIL".into()
-                });
-                let kernel = launched(&run.phase, &b).join(",");
-                let t = timed(run, &f, &b, copy_gbs);
-                let line = format!(
-                    "| {phase} | {tokens} | {active} | {} | {kernel} | {name} | {err} | {} |",
-                    op.name(),
-                    t.cells()
-                );
-                println!("{line}");
-                writeln!(report, "{line}").unwrap();
-                if best.as_ref().is_none_or(|(secs, _, _)| t.secs < *secs) {
-                    best = Some((t.secs, name, t.cells()));
                 }
-            }
-            if variants.len() > 1 {
-                let (_, name, cells) = best.unwrap();
-                writeln!(
-                    report,
-                    "| {phase} | {tokens} | {active} | {} | best | {name} | | {cells} |",
-                    op.name()
-                )
-                .unwrap();
-            }
+            } else {
+                let at = &run.phase.results[0].1;
+                let gpu = gather(&bytes_of(&run, at), at, &b);
+                let (got, want, rows) = sampled_moe_rows(op, &ins, &gpu, TOP_K);
+                match compare(&got, &want, at.dtype) {
+                    Ok(e) => format!("{e:.1e} ({rows} sampled rows)"),
+                    Err(why) => {
+                        failures.push(format!("{phase} {tokens} {}: {why}", op.name()));
+                        "FAIL".into()
+                    }
+                }
+            };
             ins.clear();
-            // Written as it grows, so a run stopped by the call's deadline leaves what it timed.
-            std::fs::write(out_dir().join(report_file), &report).unwrap();
+            let kernel = launched(&run.phase, &b).join(",");
+            let line = format!(
+                "| {phase} | {tokens} | {active} | {} | {kernel} | {err} | {} |",
+                op.name(),
+                timed(&run, &f, &b, copy_gbs).cells()
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
         }
     }
     print!("{report}");
     std::fs::write(out_dir().join(report_file), &report).unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-/// `lowered` with its skinny grouped GEMMs made variant `v` for `target` (template, parameters
-/// and grid).
-fn moe_skinny_variant(mut lowered: Lowered, v: MoeSkinny, target: Target) -> Lowered {
-    let mut skinny = HashMap::new();
-    for k in lowered.kernels.iter_mut() {
-        if MoeSkinny::is_skinny(k) {
-            v.apply(k);
-            let p = |name: &str| k.params[name].parse::<u64>().unwrap();
-            skinny.insert(k.name.clone(), (p("n"), p("top_k")));
-        }
-    }
-    for step in lowered.phases.iter_mut().flat_map(|p| p.steps.iter_mut()) {
-        let Step::Launch(l) = step else { continue };
-        let Some(&(n, top_k)) = skinny.get(&l.kernel) else {
-            continue;
-        };
-        let Some(ArgValue::Int(tokens)) =
-            l.args.iter().find(|a| a.name == "tokens").map(|a| &a.value)
-        else {
-            panic!("{}: no token count", l.kernel)
-        };
-        l.grid = v.grid(&tokens.scale(top_k as i64), n, target);
-    }
-    lowered
 }
 
 /// One `mla.attend.absorbed` at GLM-5's widths (512 latent + 64 rope, scale 1/16) alone in a
