@@ -1846,10 +1846,13 @@ const MLA_BLOCKS: u64 = 256;
 /// Most context splits per (row, head group): beyond it the merge reads more than a split
 /// computes at GLM-5's top-k of 2048.
 const MLA_MAX_SPLITS: u64 = 128;
-/// The fewest 32-key tiles a split of the sparse attention holds: a top-k list bounds a row's
-/// keys (GLM-5: 2048, 64 tiles), so at batch 1 the 64 splits of 16 heads that fill the GPU
-/// hold one tile each.
-pub const MLA_SPARSE_TILES_PER_SPLIT: u64 = 1;
+/// The fewest 32-key tiles a split of the sparse attention holds. A top-k list bounds a row's
+/// keys (GLM-5: 2048, 64 tiles), so at batch 1 the 64 splits of 16 heads that fill the GPU held
+/// one tile each and the merge read 64 partial results a head. On an H200
+/// (tests/gpu/results/2026-12-01s, call 2), batch 1 of 64 heads past 2048 keys took 15.5–16.0
+/// µs at one tile a split, 11.1–11.8 at two, 11.9–12.7 at four, 17.8–18.8 at eight; 8 heads
+/// 9.4–10.5 at one, 9.0–10.1 at two.
+pub const MLA_SPARSE_TILES_PER_SPLIT: u64 = 2;
 
 /// A kernel choice that a GPU sweep times in place of the shipped one
 /// ([`crate::lower::lower_module_with`]).

@@ -487,8 +487,8 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
 }
 
 /// A sparse attention's splits are capped by its top-k list (GLM-5: 2048 keys, 64 tiles of 32):
-/// shipped, batch 1 takes 64 splits of 16 heads; the sweep's variant of at least 4 tiles a split
-/// takes 16.
+/// shipped (two tiles a split), batch 1 takes 32 splits of 16 heads; the sweep's variant of at
+/// least 4 tiles a split takes 16, of one tile 64.
 #[test]
 fn sparse_absorbed_attention_splits_hold_the_tiles_asked_for() {
     use glmc_codegen::expr::Bindings;
@@ -520,7 +520,10 @@ fn sparse_absorbed_attention_splits_hold_the_tiles_asked_for() {
     };
     let sparse = "model.layers.3.self_attn.attn_latent";
     let shipped = lower_module(&glm5, Target::Sm90a, limits).unwrap();
-    assert_eq!(splits_at_b1(&shipped, sparse), 64);
+    assert_eq!(splits_at_b1(&shipped, sparse), 32);
+    let one =
+        lower_module_with(&glm5, Target::Sm90a, limits, Variant::MlaTilesPerSplit(1)).unwrap();
+    assert_eq!(splits_at_b1(&one, sparse), 64);
     let four =
         lower_module_with(&glm5, Target::Sm90a, limits, Variant::MlaTilesPerSplit(4)).unwrap();
     assert_eq!(splits_at_b1(&four, sparse), 16);
