@@ -981,8 +981,7 @@ const SIMT_GEMM: GemmTile = GemmTile {
 /// `bm / warps_m × bn / warps_n`), K in steps of `bk` (32 or 64) through a `stages`-deep
 /// cp.async ring, `min_blocks` blocks an SM asked of ptxas (registers are held to
 /// 65536 / (min_blocks · threads)), and `group` row tiles walked down before the blocks move
-/// one tile right; `persistent` blocks (as many as the SMs hold) walk the tiles in that order and
-/// load a tile's first stages while they store the one before.
+/// one tile right.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TiledGemm {
     pub bm: u64,
@@ -993,7 +992,6 @@ pub struct TiledGemm {
     pub stages: u64,
     pub min_blocks: u64,
     pub group: u64,
-    pub persistent: bool,
 }
 
 impl TiledGemm {
@@ -1010,14 +1008,6 @@ impl TiledGemm {
         ring.max(staged) as u32
     }
 
-    /// Blocks of `shared` bytes of shared memory the target's SMs hold at once, at most
-    /// `min_blocks` an SM (the persistent grid).
-    pub fn resident_blocks(&self, shared: u32, target: Target) -> u64 {
-        let per_sm = u64::from(target.shared_memory_per_sm()) / (u64::from(shared) + 1024);
-        u64::from(target.sm_count()) * per_sm.clamp(1, self.min_blocks)
-    }
-
-    /// The numeric template parameters (`persistent` is a flag beside them).
     fn params(&self) -> [(&'static str, u64); 8] {
         [
             ("bm", self.bm),
@@ -1036,7 +1026,7 @@ impl std::fmt::Display for TiledGemm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}x{} w{}x{} k{} s{} b{} g{}{}",
+            "{}x{} w{}x{} k{} s{} b{} g{}",
             self.bm,
             self.bn,
             self.warps_m,
@@ -1044,8 +1034,7 @@ impl std::fmt::Display for TiledGemm {
             self.bk,
             self.stages,
             self.min_blocks,
-            self.group,
-            if self.persistent { " p" } else { "" }
+            self.group
         )
     }
 }
@@ -1053,11 +1042,10 @@ impl std::fmt::Display for TiledGemm {
 /// The tiled GEMM's tile for K below [`LONG_K`]: 128 × 128 on 8 warps of 32 × 64 through a
 /// 4-stage ring of K steps of 32 (64 KiB of swizzled tiles). In the sweep of
 /// [`TILED_GEMM_VARIANTS`] on an H200 (`glm5_tiled_gemm_variants_are_timed`,
-/// tests/gpu/results/2026-12-01r, call 1) it was the fastest on q_b_proj, the indexer's wq_b,
-/// q_absorbed and kv_b_proj (K of 2048 and less), at 42–52% of torch.matmul's rate. Below
-/// [`LONG_K`] (kv_b_proj, q_absorbed, attn: K ≤ 512) every head's weight fits L2, so its
-/// column-first order reads it from DRAM once. Two blocks may share an SM where shared memory
-/// allows (an H200; not SM120's 100 KiB), so registers are held to 128 a thread.
+/// tests/gpu/results/2026-12-01r, call 1) it stayed the fastest on q_b_proj, the indexer's wq_b,
+/// q_absorbed and kv_b_proj (K of 2048 and less), at 42–52% of torch.matmul's rate. Two blocks may
+/// share an SM where shared memory allows (an H200; not SM120's 100 KiB), so registers are held
+/// to 128 a thread.
 pub const TILED_GEMM: TiledGemm = TiledGemm {
     bm: 128,
     bn: 128,
@@ -1067,16 +1055,46 @@ pub const TILED_GEMM: TiledGemm = TiledGemm {
     stages: 4,
     min_blocks: 2,
     group: 1,
-    persistent: false,
 };
 
-/// 256 × 128 on 8 warps of 64 × 64, one block an SM (96 KiB of ring), column-first blocks. In
-/// the sweep on an H200 (tests/gpu/results/2026-12-01r, call 1) it was the fastest or within
-/// 1.3% of it on every GLM-5 prefill GEMM with K ≥ 6144 (the dense MLP 1361–1382 µs against
-/// 1759–1894 for [`TILED_GEMM`], o_proj 1807 against 2433), and slower on every one with
-/// K ≤ 2048 but the shared expert's down projection (q_b_proj 918 against 860, q_absorbed 267
-/// against 230).
-const WIDE_TILE: TiledGemm = TiledGemm {
+/// The tiles the sweep times besides [`TILED_GEMM`]. 64 × 64 warp tiles read shared memory a
+/// third less per MMA than 32 × 64 ones (8 ldmatrix.x4 for 32 MMAs against 6 for 16): 4 warps
+/// on 128 × 128 (two blocks an SM, 231–254 registers), 8 on 128 × 256 or 256 × 128 (one block).
+/// Grouping 8 row tiles keeps a weight tile in L2 while 8 row tiles read it; 3 stages (48 KiB)
+/// let SM120 hold two blocks. K steps of 64 (`bk`, half the barriers per MMA) spill with either
+/// warp tile: 44 bytes on sm_90a at 32 × 64 (128 registers), 8 bytes on sm_120a at 64 × 64
+/// (255), the 16 copies' addresses a stage the difference.
+pub const TILED_GEMM_VARIANTS: [TiledGemm; 7] = {
+    let t = TILED_GEMM;
+    let wide = TiledGemm {
+        warps_m: 2,
+        warps_n: 2,
+        ..t
+    };
+    let long = TiledGemm {
+        bn: 256,
+        warps_n: 4,
+        min_blocks: 1,
+        ..wide
+    };
+    [
+        wide,
+        TiledGemm { group: 8, ..wide },
+        TiledGemm { stages: 3, ..wide },
+        TiledGemm { stages: 6, ..wide },
+        long,
+        TiledGemm { group: 8, ..long },
+        TILED_GEMM_LONG_K,
+    ]
+};
+
+/// The tile for a long K (≥ [`LONG_K`]): 256 × 128 on 8 warps of 64 × 64, one block an SM
+/// (96 KiB of ring). In the sweep on an H200 (tests/gpu/results/2026-12-01r, call 1) it was the
+/// fastest or within 1.3% of it on every GLM-5 prefill GEMM with K ≥ 6144 (the dense MLP
+/// 1361–1382 µs against 1759–1894 for [`TILED_GEMM`], o_proj 1807 against 2433), and slower on
+/// every one with K ≤ 2048 but the shared expert's down projection (q_b_proj 918 against 860,
+/// q_absorbed 267 against 230), where its fewer, longer blocks leave SMs idle.
+pub const TILED_GEMM_LONG_K: TiledGemm = TiledGemm {
     bm: 256,
     bn: 128,
     warps_m: 4,
@@ -1084,50 +1102,8 @@ const WIDE_TILE: TiledGemm = TiledGemm {
     min_blocks: 1,
     ..TILED_GEMM
 };
-
-/// The tiles the sweep times besides [`TILED_GEMM`]. A wave of 128 × 128 tiles at two blocks
-/// an SM (264 on an H200) in column-first order (`group` 1) spans 2 row tiles and every column
-/// tile, so a weight larger than L2 (q_b_proj's 64 MB) streams from DRAM once a wave, 16 times
-/// over 4096 rows: Nsight Compute measured 2.26 TB/s from DRAM at a 66% L2 hit rate (call 0 of
-/// 2026-12-01r). Walking g row tiles down first, a wave reads g·BM rows of x and 264/g·BN rows
-/// of w, fewest at g = √264 ≈ 16 for 128 × 128 (4160 rows against 16640) and at g = 8 for
-/// [`WIDE_TILE`] at one block an SM (2048 + 2112). Its 64 × 64 warps read a third less shared
-/// memory per MMA than 32 × 64 ones (8 ldmatrix.x4 for 32 MMAs against 6 for 16: at two blocks
-/// an SM, 128 × 128 tiles need ~512 cycles of shared memory, copies included, for ~376 of MMAs
-/// a 16-wide K slice), but at one block an SM nothing overlaps a tile's first loads or its
-/// stores: [`TILED_GEMM_LONG_K`] is persistent. 64 × 64 warps on 128 × 128 (4 warps, two blocks
-/// an SM), 128 × 256, 3 or 6 stages were slower or within 1.5% in the sweeps of
-/// tests/gpu/results/2026-12-01r and are no longer timed; a persistent 128 × 128 spills at 128
-/// registers. K steps of 64 (`bk`, half the barriers per MMA) spill with either warp tile: 44
-/// bytes on sm_90a at 32 × 64 (128 registers), 8 bytes on sm_120a at 64 × 64 (255), the 16
-/// copies' addresses a stage the difference.
-pub const TILED_GEMM_VARIANTS: [TiledGemm; 4] = [
-    TiledGemm {
-        group: 16,
-        ..TILED_GEMM
-    },
-    WIDE_TILE,
-    TiledGemm {
-        group: 8,
-        ..WIDE_TILE
-    },
-    TILED_GEMM_LONG_K,
-];
-
-/// The tile for K ≥ [`LONG_K`]: [`WIDE_TILE`] walking 8 row tiles down, on a persistent grid
-/// (132 blocks on an H200) that issues a tile's first stages before storing the one before.
-/// Chosen by arithmetic, not yet timed: on q_b_proj the 132 tiles in flight span 8 row tiles
-/// and 16.5 column tiles (17 MB, held in L2), so the 64 MB weight streams from DRAM once per 8
-/// row tiles (~0.13 GB, against ~1 GB column-first), and each block's 15–16 tiles of 64 K
-/// steps wait for one prologue, not 16.
-pub const TILED_GEMM_LONG_K: TiledGemm = TiledGemm {
-    group: 8,
-    persistent: true,
-    ..WIDE_TILE
-};
-/// The K from which [`TILED_GEMM_LONG_K`] ships: q_b_proj, the indexer's wq_b and the shared
-/// expert's down projection (K = 2048) take it, as do the long ones.
-pub const LONG_K: u64 = 2048;
+/// The K from which [`TILED_GEMM_LONG_K`] ships.
+pub const LONG_K: u64 = 6144;
 
 /// The tile the compiler ships for a tiled GEMM of reduction length `k`.
 pub fn shipped_tiled_gemm(k: u64) -> TiledGemm {
@@ -1511,9 +1487,6 @@ fn matmul(
     for (k, v) in tile.params.iter().chain(tiled_params.iter().flatten()) {
         b = b.param(k, v);
     }
-    if let Some(t) = tile.tiled {
-        b = b.param("persistent", t.persistent);
-    }
     if tile.template == SIMT_GEMV.template {
         let k_poly = Poly::constant(k as i64);
         let v = vector_width(
@@ -1571,13 +1544,10 @@ fn matmul(
         args.push(int("rows_per_position", per_position));
     }
     args.push(int("rows", xl.rows.clone()));
-    // Whole row tiles times the column tiles of every head, or a persistent grid: for one row
-    // tile (the 16-row tiles' rows) or as many tiled blocks as the SMs hold; its blocks walk every
-    // tile, so more rows still compute.
+    // Whole row tiles times the column tiles of every head, or the persistent grid for one row
+    // tile (the 16-row tiles' rows): its blocks walk every tile, so more rows still compute.
     let col_tiles = cols.div_ceil(tile.cols) * h;
-    let grid = if let Some(t) = tile.tiled.filter(|t| t.persistent) {
-        GridDim::fixed(t.resident_blocks(shared, cx.target))
-    } else if tile.template == PERSISTENT_SKINNY {
+    let grid = if tile.template == PERSISTENT_SKINNY {
         let per_sm = tile
             .params
             .iter()

@@ -184,22 +184,10 @@ template <int BK> __device__ __forceinline__ int tile_at(int row, int k) {
     return row * BK + (((k >> 3) ^ f) << 3);
 }
 
-// The first STAGES - 1 stages of the main loop of the tiled tensor-core GEMMs: `load(stage, k0)`
-// issues one stage's copies of the x tile into sx[stage] and the weight tile into sw[stage] (laid
-// out by tile_at), one commit group a stage, empty past `steps`.
-template <int BK, int STAGES, typename Load> __device__ __forceinline__ void mma_prologue(int steps, Load&& load) {
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < steps) load(s, s * BK);
-        cp_async_commit();
-    }
-}
-
-// The main loop of the tiled tensor-core GEMMs (gemm_mma, moe_gemm_mma) once mma_prologue has
-// been issued: `steps` K steps of BK through a STAGES-deep cp.async ring, the warp at (wm, wn)
-// multiplying each landed stage into its MI × NI m16n8 accumulator tiles. A persistent block
-// issues the next tile's prologue before the epilogue of the current one, so its first loads
-// are in flight while the stores drain.
+// The main loop of the tiled tensor-core GEMMs (gemm_mma, moe_gemm_mma): `steps` K steps of BK
+// through a STAGES-deep cp.async ring, where `load(stage, k0)` issues one stage's copies of the
+// x tile into sx[stage] and the weight tile into sw[stage] (laid out by tile_at), and the warp
+// at (wm, wn) multiplies each landed stage into its MI × NI m16n8 accumulator tiles.
 // One __syncthreads and one cp.async wait a step: at the last 16-wide slice of step s the warp
 // waits for tile s + 1 and the barrier, which also proves every warp done with step s - 1's
 // stage, the one the copies issued at the start of step s + 1 overwrite. With BUFS = 2 the
@@ -208,12 +196,17 @@ template <int BK, int STAGES, typename Load> __device__ __forceinline__ void mma
 // their own; that costs 4·MI + 2·NI registers, which a 32 × 64 warp tile held to 128 registers
 // (two blocks of 256 threads an SM) does not have: it spilled 76 bytes on sm_90a.
 template <int BM, int BN, int BK, int STAGES, int MI, int NI, int BUFS, typename Load>
-__device__ __forceinline__ void mma_primed(float (&acc)[MI][NI][4], const bf16* sx, const bf16* sw, int steps,
-                                           int wm, int wn, int lane, Load&& load) {
+__device__ __forceinline__ void mma_mainloop(float (&acc)[MI][NI][4], const bf16* sx, const bf16* sw,
+                                             int steps, int wm, int wn, int lane, Load&& load) {
     constexpr int SLICES = BK / 16;
     static_assert(STAGES >= 2 && SLICES % 2 == 0, "a ring of two stages or more, K steps of 32 or 64");
     static_assert(BUFS == 1 || BUFS == 2, "single or double buffered fragments");
     zero_tiles(acc);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < steps) load(s, s * BK);
+        cp_async_commit();
+    }
     cp_async_wait<STAGES - 2>();
     __syncthreads();
     // A: lanes 0-15 address rows 0-15 at k, lanes 16-31 the same rows at k + 8 (a0..a3).
@@ -260,12 +253,4 @@ __device__ __forceinline__ void mma_primed(float (&acc)[MI][NI][4], const bf16* 
             if (BUFS == 2) mmas(j & 1);
         }
     }
-}
-
-// mma_prologue then mma_primed: one tile's whole main loop.
-template <int BM, int BN, int BK, int STAGES, int MI, int NI, int BUFS, typename Load>
-__device__ __forceinline__ void mma_mainloop(float (&acc)[MI][NI][4], const bf16* sx, const bf16* sw,
-                                             int steps, int wm, int wn, int lane, Load&& load) {
-    mma_prologue<BK, STAGES>(steps, load);
-    mma_primed<BM, BN, BK, STAGES, MI, NI, BUFS>(acc, sx, sw, steps, wm, wn, lane, load);
 }

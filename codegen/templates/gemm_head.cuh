@@ -115,20 +115,6 @@ __device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, flo
     c = column(l + 1);
     if (c >= 0) st(row + c, v1);
 }
-{%- if persistent | default(value=false) %}
-
-// Stores permuted columns l and l + 1 (l even) of one output row, already rotated, as one
-// two-element store where they are adjacent output columns on a two-element boundary.
-template <typename T> __device__ __forceinline__ void store_pair(T* __restrict__ row, int l, float v0, float v1) {
-    const int c0 = column(l), c1 = column(l + 1);
-    if (c0 >= 0 && c1 == c0 + 1 && reinterpret_cast<size_t>(row + c0) % (2 * sizeof(T)) == 0) {
-        st2(row + c0, v0, v1);
-        return;
-    }
-    if (c0 >= 0) st(row + c0, v0);
-    if (c1 >= 0) st(row + c1, v1);
-}
-{%- endif %}
 }  // namespace {{ name }}_
 
 extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks | default(value=1) }}) {{ name }}(

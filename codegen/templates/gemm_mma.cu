@@ -8,18 +8,12 @@
     // K moves in steps of {{ bk }} through a {{ stages }}-stage cp.async ring of swizzled tiles
     // (tile_at in common.cuh), {{ stages }} × ({{ bm }} + {{ bn }}) × {{ bk }} bf16 of dynamic shared
     // memory (held to SM120's 99 KiB), with one barrier a step (mma_mainloop). Blocks walk
-    // {{ group }} row tile(s) down before moving right (grouped_tile_of).
-{%- if persistent %} The grid is persistent: block b
-    // computes tiles b, b + gridDim.x, … and issues the next tile's first {{ stages }} - 1 stages
-    // before it stores the current one, which it stores from the accumulators (rotated where
-    // rope applies) as pairs of columns, since the ring is no longer free to stage it.
-{%- else %} The output tile is
+    // {{ group }} row tile(s) down before moving right (grouped_tile_of). The output tile is
     // staged in the same shared memory, rotated where rope applies, and leaves as 16-byte
     // row vectors wherever 16 bytes of permuted columns are 16 bytes of consecutive output
-    // columns on a 16-byte boundary (every full vector without rope).
-{%- endif %}
-    // Rows past `rows` and columns past N are zero-filled on the way in and skipped on the way
-    // out; K is a multiple of 8 (16-byte copies).
+    // columns on a 16-byte boundary (every full vector without rope). Rows past `rows` and
+    // columns past N are zero-filled on the way in and skipped on the way out; K is a multiple
+    // of 8 (16-byte copies).
     using T = {{ y_t }};
     constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = {{ bk }}, STAGES = {{ stages }}, GROUP = {{ group }};
     constexpr int THREADS = {{ threads }}, WARPS_M = {{ warps_m }}, WARPS_N = {{ warps_n }};
@@ -38,18 +32,11 @@
     bf16* const sx = reinterpret_cast<bf16*>(dynamic_smem);  // [STAGES][BM × BK]
     bf16* const sw = sx + STAGES * BM * BK;                  // [STAGES][BN × BK]
 
-{%- if persistent %}
-    // The tiles, recomputed where needed from the kernel's arguments rather than held in
-    // registers: at 128 registers a thread, the tile loop's indices spilled.
-    const auto tiles = [&] { return (rows + BM - 1) / BM * N_TILES * HEADS; };
-    i64 t = blockIdx.x;
-    // Every index below tiles() is a tile with rows (grouped_tile_of's order is a bijection).
-    if (t >= tiles()) return;
-    const Tile tile = grouped_tile_of(t, N_TILES, BM, rows, GROUP);
-{%- else %}
     const Tile tile = grouped_tile_of(blockIdx.x, N_TILES, BM, rows, GROUP);
-    if (tile.m0 >= rows) return;
-{%- endif %}
+    const int nt = tile.nt, h = tile.h;
+    const i64 m0 = tile.m0;
+    if (m0 >= rows) return;
+    const int n0 = nt * BN;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N, g = lane >> 2, t4 = lane & 3;
 
@@ -59,27 +46,22 @@
     const int cc = tid % CHUNKS * 8;
     // A head's weight rows as 32-bit offsets from its first: a register a copy, not two.
     static_assert((long long)N * K < (1ll << 31), "a head's weight addressed in 32 bits");
-    const bf16* wh;
+    const bf16* const wh = w + (i64)h * N * K;
     const bf16* xs[X_VECS];
     int ws[W_VECS];
     bool x_ok[X_VECS], w_ok[W_VECS];
-    // Points the copies at tile `to`.
-    auto aim = [&](const Tile& to) {
-        wh = w + (i64)to.h * N * K;
 #pragma unroll
-        for (int i = 0; i < X_VECS; ++i) {
-            const i64 r = to.m0 + (tid + i * THREADS) / CHUNKS;
-            x_ok[i] = r < rows;
-            xs[i] = x + (x_ok[i] ? x_offset(r, to.h, x_outer, x_row, x_inner_rows, x_head) : 0) + cc;
-        }
+    for (int i = 0; i < X_VECS; ++i) {
+        const i64 r = m0 + (tid + i * THREADS) / CHUNKS;
+        x_ok[i] = r < rows;
+        xs[i] = x + (x_ok[i] ? x_offset(r, h, x_outer, x_row, x_inner_rows, x_head) : 0) + cc;
+    }
 #pragma unroll
-        for (int i = 0; i < W_VECS; ++i) {
-            const int c = column(to.nt * BN + (tid + i * THREADS) / CHUNKS);
-            w_ok[i] = c >= 0;
-            ws[i] = (w_ok[i] ? c * K : 0) + cc;
-        }
-    };
-    aim(tile);
+    for (int i = 0; i < W_VECS; ++i) {
+        const int c = column(n0 + (tid + i * THREADS) / CHUNKS);
+        w_ok[i] = c >= 0;
+        ws[i] = (w_ok[i] ? c * K : 0) + cc;
+    }
     // Copy i lands THREADS / CHUNKS rows (a multiple of 8, where tile_at's swizzle repeats)
     // below copy 0.
     static_assert(THREADS / CHUNKS % 8 == 0, "copies whole swizzle periods apart");
@@ -97,53 +79,17 @@
     };
 
     // Fragments double buffered where the accumulators, both buffers, the copies' pointers and
-    // INDEX_REGS registers of indices (more for the tile loop) fit the registers a thread may have
-    // at {{ min_blocks }} block(s) an SM (64 × 64 warps with K steps of 64, 16 pointers, spilled 16 bytes on
-    // sm_120a).
-    constexpr int INDEX_REGS = {% if persistent %}48{% else %}40{% endif %};
+    // ~40 registers of indices fit the registers a thread may have at {{ min_blocks }} block(s) an
+    // SM (64 × 64 warps with K steps of 64, 16 pointers, spilled 16 bytes on sm_120a).
     constexpr int BUFS =
-        MI * NI * 4 + 2 * (MI * 4 + NI * 2) + 2 * (X_VECS + W_VECS) + INDEX_REGS <= 65536 / ({{ min_blocks }} * THREADS) ? 2 : 1;
+        MI * NI * 4 + 2 * (MI * 4 + NI * 2) + 2 * (X_VECS + W_VECS) + 40 <= 65536 / ({{ min_blocks }} * THREADS) ? 2 : 1;
     float acc[MI][NI][4];
-{%- if persistent %}
-    mma_prologue<BK, STAGES>(STEPS, load);
-    for (;;) {
-        mma_primed<BM, BN, BK, STAGES, MI, NI, BUFS>(acc, sx, sw, STEPS, wm, wn, lane, load);
-        t += gridDim.x;
-        const bool more = t < tiles();
-        // Every warp is done reading the ring before the next tile's copies overwrite it.
-        __syncthreads();
-        if (more) {
-            aim(grouped_tile_of(t, N_TILES, BM, rows, GROUP));
-            mma_prologue<BK, STAGES>(STEPS, load);
-        }
-        const Tile done = grouped_tile_of(t - gridDim.x, N_TILES, BM, rows, GROUP);
-        // Accumulator e of an 8-column tile is row g + (e / 2) * 8, column t4 * 2 + e % 2.
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const i64 r = done.m0 + wm * MI * 16 + mi * 16 + g + half * 8;
-                if (r >= rows) continue;
-                T* const out = y + r * y_row + done.h * y_head;
-#pragma unroll
-                for (int ni = 0; ni < NI; ++ni) {
-                    const int l = done.nt * BN + wn * NI * 8 + ni * 8 + t4 * 2;
-                    float v0 = acc[mi][ni][half * 2], v1 = acc[mi][ni][half * 2 + 1];
-                    rotate2(l, v0, v1, positions, r, rows_per_position);
-                    store_pair(out, l, v0, v1);
-                }
-            }
-        if (!more) break;
-    }
-}
-{%- else %}
     mma_mainloop<BM, BN, BK, STAGES, MI, NI, BUFS>(acc, sx, sw, STEPS, wm, wn, lane, load);
+
     // Every copy has landed (the last real one was waited for in the loop) and, after the
     // barrier, every warp is done reading the ring, which now holds the output tile.
     cp_async_wait<0>();
     __syncthreads();
-    const i64 m0 = tile.m0;
-    const int n0 = tile.nt * BN, h = tile.h;
     T* const sy = reinterpret_cast<T*>(dynamic_smem);  // [BM][PITCH]
     // Accumulator e of an 8-column tile is row g + (e / 2) * 8, column t4 * 2 + e % 2.
 #pragma unroll
@@ -182,4 +128,3 @@
         }
     }
 }
-{%- endif %}

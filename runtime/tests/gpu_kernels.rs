@@ -1892,7 +1892,7 @@ fn glm5_tiled_gemm_variants_are_timed() {
     compile_all(&dev, &sources);
     let mut report = format!(
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; \
-         variant = block tile, warps, K step, stages, blocks an SM, row tiles a group, p = persistent grid; * = shipped\n\
+         variant = block tile, warps, K step, stages, blocks an SM, row tiles a group; * = shipped\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut shapes = Vec::new();
