@@ -44,6 +44,14 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("mla_absorbed", include_str!("../templates/mla_absorbed.cu")),
     ("mla_merge", include_str!("../templates/mla_merge.cu")),
     ("mla_split.cuh", include_str!("../templates/mla_split.cuh")),
+    (
+        "dsa_topk_rank.cuh",
+        include_str!("../templates/dsa_topk_rank.cuh"),
+    ),
+    (
+        "norm_moments.cuh",
+        include_str!("../templates/norm_moments.cuh"),
+    ),
     ("moe_combine", include_str!("../templates/moe_combine.cu")),
     ("moe_experts", include_str!("../templates/moe_experts.cu")),
     ("moe_gemm_mma", include_str!("../templates/moe_gemm_mma.cu")),

@@ -296,32 +296,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
             }
         });
         __syncthreads();
-        // g threads a candidate, each comparing it with every g-th other.
-        const int c = (int)in_cut;
-        int g = 32;
-        while (g * c > 1024) g >>= 1;
-        const int i = tid / g, part = tid % g;
-        const unsigned ui = i < c ? cand[i] : 0u;
-        unsigned better = 0u, earlier = 0u;
-        if (i < c) {
-            for (int j = part; j < c; j += g) {
-                const unsigned uj = cand[j];
-                better += uj > ui;
-                earlier += uj == ui && j < i;
-            }
-        }
-        for (int d = g >> 1; d > 0; d >>= 1) {
-            better += __shfl_xor_sync(0xffffffffu, better, d);
-            earlier += __shfl_xor_sync(0xffffffffu, earlier, d);
-        }
-        // Exactly one candidate has want − 1 better ones, counting equal ones in slot order.
-        if (part == 0 && i < c && better + earlier == want - 1) {
-            sel[0] = ui;
-            sel[1] = want - better;
-        }
-        __syncthreads();
-        threshold = sel[0];
-        ties = sel[1];
+{% include "dsa_topk_rank.cuh" %}
     } else {
         // The cut bin's keys are exactly those whose order lies between its least and greatest
         // (the bin never decreases), so the radix passes need no bin test.

@@ -355,32 +355,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) {{ name }}(
             for (unsigned i = lane; i < cq; i += 32) cand[at + i] = __ldcg(from + i);
         }
         __syncthreads();
-        // g threads a candidate, each comparing it with every g-th other; exactly one candidate
-        // has want − 1 better ones, counting equal ones in list order.
-        const int n = (int)in_cut;
-        int g = 32;
-        while (g * n > THREADS) g >>= 1;
-        const int i = tid / g, step = tid % g;
-        const unsigned ui = i < n ? cand[i] : 0u;
-        unsigned better = 0u, earlier = 0u;
-        if (i < n) {
-            for (int j = step; j < n; j += g) {
-                const unsigned uj = cand[j];
-                better += uj > ui;
-                earlier += uj == ui && j < i;
-            }
-        }
-        for (int d = g >> 1; d > 0; d >>= 1) {
-            better += __shfl_xor_sync(0xffffffffu, better, d);
-            earlier += __shfl_xor_sync(0xffffffffu, earlier, d);
-        }
-        if (step == 0 && i < n && better + earlier == want - 1) {
-            sel[0] = ui;
-            sel[1] = want - better;
-        }
-        __syncthreads();
-        threshold = sel[0];
-        ties = sel[1];
+{% include "dsa_topk_rank.cuh" %}
         // The candidates of the parts before this one are the list's first earlier_keys.
         const bool mine = tid < (int)earlier_keys;
         const unsigned u = mine ? cand[tid] : 0u;

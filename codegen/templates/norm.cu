@@ -49,7 +49,6 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
     grid_dependency_control();
 {%- endif %}
     float v[ITEMS][V];
-    float acc = 0.f;
 #pragma unroll
     for (int it = 0; it < ITEMS; ++it) {
         const int c = (it * T + threadIdx.x) * V;
@@ -62,29 +61,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
             for (int k = 0; k < V; ++k) v[it][k] = rnd<{{ r_t }}>(v[it][k] + e[k]);
             st_vec<{{ r_t }}, V>(sum_out + row * sum_stride + c, v[it]);
 {%- endif %}
-#pragma unroll
-            for (int k = 0; k < V; ++k) acc += {% if layernorm %}v[it][k]{% else %}v[it][k] * v[it][k]{% endif %};
         }
     }
-    acc = block_sum(acc, scratch);
-{%- if layernorm %}
-    const float mean = acc / D;
-    float var = 0.f;
-#pragma unroll
-    for (int it = 0; it < ITEMS; ++it) {
-        const int c = (it * T + threadIdx.x) * V;
-        if (c < D) {
-#pragma unroll
-            for (int k = 0; k < V; ++k) var += (v[it][k] - mean) * (v[it][k] - mean);
-        }
-    }
-    var = block_sum(var, scratch);
-    const float inv = 1.f / sqrtf(var / D + eps);
-{%- else %}
-    const float mean = 0.f;
-    const float inv = 1.f / sqrtf(acc / D + eps);
-{%- endif %}
-{%- if not weights_first %}
+{% include "norm_moments.cuh" %}{%- if not weights_first %}
     load_weights();
 {%- endif %}
 #pragma unroll

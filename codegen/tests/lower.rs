@@ -407,7 +407,8 @@ fn prefill_gemms_pick_their_kernel_by_row_count() {
 /// GLM-5's absorbed attention (bf16, 64 heads of 512 + 64) takes the tensor-core kernel: per
 /// range of row counts one split count, the split ranges followed by the merge, every launch
 /// guarded by the rows, the grid by the rows alone; the partial results in one scratch buffer
-/// of the largest split range, live at the node's step alone.
+/// of the largest split range, live at the node's step alone. Its top-k of 2048 keys (64 tiles)
+/// caps the splits at 32 of two tiles each, so one to four rows take 128 to 512 blocks.
 #[test]
 fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
     use glmc_codegen::expr::Bindings;
@@ -418,9 +419,16 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
         max_context: 4096,
     };
     let l = lower_module(&module("glm5.ron").1, Target::Sm120, limits).unwrap();
-    let tiers = mla_split_tiers(4, 64, 128);
+    assert_eq!(
+        mla_split_tiers(4, 64, 128)
+            .iter()
+            .map(|t| t.splits)
+            .collect::<Vec<_>>(),
+        [64, 32, 16, 8, 4, 2]
+    );
+    let tiers = mla_split_tiers(4, 64, 32);
     let splits: Vec<u64> = tiers.iter().map(|t| t.splits).collect();
-    assert_eq!(splits, [64, 32, 16, 8, 4, 2]);
+    assert_eq!(splits, [32, 16, 8, 4, 2]);
     assert_eq!(tiers.last().unwrap().at_most, Some(64));
     for (phase_name, sym, max) in [("decode", "b", 64u64), ("prefill", "s", 4096)] {
         let p = phase(&l, phase_name);
@@ -456,7 +464,10 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
             } else {
                 assert_eq!(runs.len(), 2, "{phase_name} rows={rows}: {names:?}");
                 assert!(runs[1].kernel.starts_with("glmc_mla_merge_"));
-                assert!(blocks >= 256, "{phase_name} rows={rows}: {blocks} blocks");
+                assert!(
+                    blocks >= 256 || split == 32,
+                    "{phase_name} rows={rows}: {blocks} blocks"
+                );
                 let part = |x: &glmc_codegen::schedule::Launch| {
                     x.args
                         .iter()
