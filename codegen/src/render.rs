@@ -49,6 +49,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         include_str!("../templates/dsa_topk_rank.cuh"),
     ),
     (
+        "dsa_topk_keys.cuh",
+        include_str!("../templates/dsa_topk_keys.cuh"),
+    ),
+    (
         "norm_moments.cuh",
         include_str!("../templates/norm_moments.cuh"),
     ),

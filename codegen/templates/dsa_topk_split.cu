@@ -72,17 +72,7 @@ static_assert({{ name }}_ROW == {{ row_words }}, "the lowering sizes the scratch
 // Every warp handles the parts as the lanes of one warp.
 static_assert({{ name }}_PARTS <= 32, "at most 32 parts");
 
-// The order-preserving u32 of a canonical score, and back.
-__device__ __forceinline__ unsigned {{ name }}_order(float f) {
-    const unsigned u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
-}
-
-// −0.0 as +0.0 and NaN as −∞, so that float comparisons and the order agree everywhere.
-__device__ __forceinline__ float {{ name }}_canon(float f) {
-    return __uint_as_float(f != f ? 0xff800000u : f == 0.f ? 0u : __float_as_uint(f));
-}
-
+{% include "dsa_topk_keys.cuh" %}
 // A row's parts: `slots` keys a thread, len = slots · 512 keys a part, `parts` of them (the last
 // may be short). The lowering bounds the context by {{ parts }} · {{ slots }} · 512 keys.
 struct {{ name }}_Parts {
@@ -147,33 +137,6 @@ extern "C" __global__ void __launch_bounds__(512) {{ name }}(
     }
 }
 {% else %}
-__device__ __forceinline__ float {{ name }}_value(unsigned o) {
-    return __uint_as_float((o & 0x80000000u) ? o & 0x7fffffffu : ~o);
-}
-
-// The exclusive prefix sum of v over the block, in thread order; `total` gets the sum of all. One
-// barrier: `sums` may be written again only after every thread has passed a later one.
-__device__ __forceinline__ unsigned {{ name }}_scan(unsigned v, unsigned* sums, unsigned& total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    unsigned inclusive = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned n = __shfl_up_sync(0xffffffffu, inclusive, o);
-        if (lane >= o) inclusive += n;
-    }
-    if (lane == 31) sums[warp] = inclusive;
-    __syncthreads();
-    unsigned w = lane < {{ name }}_WARPS ? sums[lane] : 0u;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned n = __shfl_up_sync(0xffffffffu, w, o);
-        if (lane >= o) w += n;
-    }
-    total = __shfl_sync(0xffffffffu, w, 31);
-    const unsigned below = __shfl_sync(0xffffffffu, w, warp ? warp - 1 : 0);
-    return (warp ? below : 0u) + inclusive - v;
-}
-
 // Of the row-wide hist[0 .. bins) in global memory (bins ≤ 1024, a higher bin holding better
 // values, want ≤ their sum), the bin of the want-th best value: sel = {bin, values in better
 // bins, values in the bin}, seen by all. Thread t takes bins bins − 1 − 2t and bins − 2 − 2t.
@@ -211,31 +174,6 @@ __device__ __forceinline__ void {{ name }}_arrive(unsigned* counter, unsigned ta
     }
     __syncthreads();
 }
-
-// The write's per-slot steps for key j of score f (as dsa_topk.cu's): count the slot's keys
-// above t and equal to t in this warp, then (with `at` the counts before the warp's slot) write
-// this key if it is chosen.
-struct {{ name }}_Cut {
-    float t;
-    unsigned ties, above, equal;
-    i64* o;
-
-    __device__ __forceinline__ void count(float f, bool in, unsigned* at) const {
-        const unsigned a = __ballot_sync(0xffffffffu, in && f > t);
-        const unsigned e = __ballot_sync(0xffffffffu, in && f == t);
-        if ((threadIdx.x & 31) == 0) *at = __popc(a) | __popc(e) << 16;
-    }
-
-    __device__ __forceinline__ void place(float f, bool in, unsigned at, int j) const {
-        const unsigned lower = (1u << (threadIdx.x & 31)) - 1u;
-        const unsigned a = __ballot_sync(0xffffffffu, in && f > t);
-        const unsigned e = __ballot_sync(0xffffffffu, in && f == t);
-        const unsigned ab = above + (at & 0xffffu) + __popc(a & lower);
-        const unsigned eb = equal + (at >> 16) + __popc(e & lower);
-        if (in && f > t) o[ab + min(eb, ties)] = j;
-        else if (in && f == t && eb < ties) o[ab + eb] = j;
-    }
-};
 
 extern "C" __global__ void __launch_bounds__(512, 2) {{ name }}(
     i64* __restrict__ out, i64 out_row, unsigned* __restrict__ scratch,
