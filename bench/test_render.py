@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import render  # noqa: E402
 
-FIXTURES = [os.path.join(HERE, "fixtures", f"schema-fixture-{n}.json") for n in ("glmc", "peer", "matmul")]
+FIXTURES = [os.path.join(HERE, "fixtures", f"schema-fixture-{n}.json") for n in ("glmc", "peer", "matmul", "gemv")]
 
 
 class RenderTest(unittest.TestCase):
@@ -32,7 +32,8 @@ class RenderTest(unittest.TestCase):
 
     def test_every_section_is_there(self):
         for heading in ["## Runs", "## Decode", "## Prefill", "## Launch overhead", "## Per kernel",
-                        "## transformers (GlmMoeDsaForCausalLM)", "## torch.matmul on glmc's GEMM shapes"]:
+                        "## transformers (GlmMoeDsaForCausalLM)", "## torch.matmul on glmc's GEMM shapes",
+                        "## Decode GEMMs under issue 14's protocol"]:
             self.assertIn(heading, self.text)
 
     def test_decode_rows_put_glmc_both_paths_and_the_peers_side_by_side(self):
@@ -58,7 +59,22 @@ class RenderTest(unittest.TestCase):
             rows["decode, batch 1, context 1024, sparse: faster than the best PyTorch peer"],
             ["1.600 ms against eager's 50.000 ms", "met |"],
         )
-        self.assertEqual(rows["decode GEMMs never slower than torch.matmul"][1], "missed |")
+        # The decode GEMM targets come from the sweep under the protocol, at 1–8 rows only: o_proj
+        # moved 201.4 MB in 55 µs (91.5% of 4000 GB/s), wq_b 16.9 MB in 6 µs (70.4%) and took 1.2×
+        # torch's time; the 64-row o_proj, slower still, is outside the target.
+        self.assertEqual(
+            rows["decode GEMMs, 1–8 rows, weights of 64 MB or more: ≥ 85% of the copy bandwidth"],
+            ["91.5% at the worst, `model.layers.*.self_attn.o_proj` at 1 rows", "met |"],
+        )
+        self.assertEqual(
+            rows["decode GEMMs, 1–8 rows, weights of under 64 MB: ≥ 75% of the copy bandwidth"],
+            ["70.4% at the worst, `model.layers.*.self_attn.indexer.wq_b+rope` at 8 rows", "missed |"],
+        )
+        self.assertEqual(
+            rows["decode GEMMs, 1–8 rows: never slower than torch.matmul under the same rotation"],
+            ["1 of 2 slower; worst `model.layers.*.self_attn.indexer.wq_b+rope` at 8 rows, 1.20×", "missed |"],
+        )
+        self.assertNotIn("decode GEMMs never slower than torch.matmul", rows)
 
     def test_the_gaps_put_the_op_most_over_its_roofline_first(self):
         section = self.text.split("### Where batch 1 loses its time")[1].split("\n## ")[0]
@@ -95,6 +111,9 @@ class RenderTest(unittest.TestCase):
     def test_matmul_ratio(self):
         self.assertIn("| decode | 1 | `model.layers.*.self_attn.o_proj` | 1 × 6144 × 16384 | bf16 | 50.0 | 40.0 | 1.25 |", self.text)
 
+    def test_gemv_rows_give_the_share_of_the_copy_bandwidth(self):
+        self.assertIn("| 64 | `model.layers.*.self_attn.o_proj` | 1 × 6144 × 16384 | 192.0 | 100.0 | 50.9% | 60.0 | 1.67 |", self.text)
+
     def test_merge_writes_every_source(self):
         with tempfile.TemporaryDirectory() as tmp:
             out, merged = os.path.join(tmp, "R.md"), os.path.join(tmp, "all.json")
@@ -102,7 +121,7 @@ class RenderTest(unittest.TestCase):
             self.assertEqual(open(out).read(), self.text)
             doc = json.load(open(merged))
             self.assertEqual(doc["schema"], "glmc-bench-merged/1")
-            self.assertEqual([s["tool"] for s in doc["sources"]], ["glmc", "transformers", "torch.matmul"])
+            self.assertEqual([s["tool"] for s in doc["sources"]], ["glmc", "transformers", "torch.matmul", "glmc GPU sweep, torch.matmul"])
 
     def test_an_unknown_schema_is_refused(self):
         with tempfile.TemporaryDirectory() as tmp:

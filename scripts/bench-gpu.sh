@@ -5,15 +5,19 @@
 #   scripts/bench-gpu.sh build                 # here: release glmc into .gpu/ (git-ignored, < 64 MiB)
 #   scripts/bench-gpu.sh run glmc              # there: glmc bench (sparse and dense) and
 #                                              # torch.matmul on its GEMM shapes, then plots (~4 min)
+#   scripts/bench-gpu.sh run gemv              # there: issue 14's decode GEMM protocol: the GPU
+#                                              # skinny sweep (needs `scripts/gpu-test.sh build`'s
+#                                              # .gpu/gpu_kernels) and torch.matmul on its shapes (~2 min)
 #   scripts/bench-gpu.sh run peers MODES [S]   # there: transformers in MODES (comma-separated:
 #                                              # eager, max-autotune-no-cudagraphs, reduce-overhead),
 #                                              # each under S seconds (default 240), then plots
 #   scripts/bench-gpu.sh render DIR            # anywhere: DIR/*.json -> bench/RESULTS.md
 #
 # Each `run` writes into $OUT/bench.tgz (the device call's output folder): glmc.json / glmc.txt /
-# matmul.json, or hf-<modes>.json and one log per mode; RESULTS.md and the PNG plots are made
-# from those plus every JSON of $BENCH_RESULTS (default bench/results/latest), where the lead
-# puts the files of the earlier calls of the session so that the last call plots them all.
+# matmul.json, gemv.json / gemv.md and the sweep's tables, or hf-<modes>.json and one log per
+# mode; RESULTS.md and the PNG plots are made from those plus every JSON of $BENCH_RESULTS
+# (default bench/results/latest), where the lead puts the files of the earlier calls of the
+# session so that the last call plots them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A device call returns at most 8 files: `run` writes into $OUT/bench/ and leaves one archive,
@@ -43,6 +47,15 @@ run)
                 tee "$out/matmul.txt" || status=1
         fi
         ;;
+    gemv)
+        mkdir -p "$out/sweep"
+        GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="$out/sweep" .gpu/gpu_kernels \
+            --ignored --nocapture --exact glm5_skinny_gemm_variants_are_timed >"$out/gemv-sweep.txt" 2>&1 || status=1
+        if [ -f "$out/sweep/skinny.json" ]; then
+            python3 scripts/torch_gemm.py "$out/sweep/skinny.json" "$out/gemv.md" "$out/gemv.json" 2>&1 |
+                tee "$out/gemv.txt" || status=1
+        fi
+        ;;
     peers)
         modes="${3:?run peers MODES [SECONDS]}"
         python3 bench/peers/hf_glm5.py --model "$model" --modes "$modes" --batch 1,8 \
@@ -50,7 +63,7 @@ run)
             tee "$out/hf-${modes//,/+}.txt" || status=1
         ;;
     *)
-        echo "usage: $0 run glmc | run peers MODES [SECONDS]" >&2
+        echo "usage: $0 run glmc | run gemv | run peers MODES [SECONDS]" >&2
         exit 2
         ;;
     esac
@@ -67,7 +80,7 @@ render)
     python3 bench/render.py --out bench/RESULTS.md --merged "$dir/merged.json.all" "$dir"/*.json
     ;;
 *)
-    echo "usage: $0 build | run glmc | run peers MODES [SECONDS] | render DIR" >&2
+    echo "usage: $0 build | run glmc | run gemv | run peers MODES [SECONDS] | render DIR" >&2
     exit 2
     ;;
 esac
