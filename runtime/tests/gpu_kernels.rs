@@ -2187,7 +2187,8 @@ fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
     };
     let mut report = format!(
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s\n\
-         | phase | tokens | active experts | op | kernel | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|\n"
+         variant: the skinny grouped GEMM's columns a block / steps of K unrolled, * = shipped\n\
+         | phase | tokens | active experts | op | kernel | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut failures = Vec::new();
     for &(phase, sym, tokens) in cases {
@@ -2293,45 +2294,104 @@ fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
             f.results.push(("out0".into(), node.into()));
             let mut mm = Module::new("moe");
             mm.functions.push(f.clone());
-            let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
-            let err = if tokens < 4096 {
-                let want = interpret(&mm, &f, &ins).unwrap();
-                let at = &run.phase.results[0].1;
-                let gpu = gather(&bytes_of(&run, at), at, &b);
-                let reference: Vec<f64> = want[0]
-                    .as_f32()
-                    .unwrap()
-                    .iter()
-                    .map(|x| *x as f64)
-                    .collect();
-                match compare(&gpu, &reference, at.dtype) {
-                    Ok(e) => format!("{e:.1e}"),
-                    Err(why) => {
-                        failures.push(format!("{phase} {tokens} {}: {why}", op.name()));
-                        "FAIL".into()
+            // The interpreter once per op (every variant is checked against it); at 4096 tokens
+            // it would take minutes, so sampled rows are checked on the host instead.
+            let want = (tokens < 4096).then(|| interpret(&mm, &f, &ins).unwrap());
+            let check = |run: &Run, failures: &mut Vec<String>, variant: &str| {
+                if let Some(want) = &want {
+                    let at = &run.phase.results[0].1;
+                    let gpu = gather(&bytes_of(&run, at), at, &b);
+                    let reference: Vec<f64> = want[0]
+                        .as_f32()
+                        .unwrap()
+                        .iter()
+                        .map(|x| *x as f64)
+                        .collect();
+                    match compare(&gpu, &reference, at.dtype) {
+                        Ok(e) => format!("{e:.1e}"),
+                        Err(why) => {
+                            failures
+                                .push(format!("{phase} {tokens} {} {variant}: {why}", op.name()));
+                            "FAIL".into()
+                        }
                     }
-                }
-            } else {
-                let at = &run.phase.results[0].1;
-                let gpu = gather(&bytes_of(&run, at), at, &b);
-                let (got, want, rows) = sampled_moe_rows(op, &ins, &gpu, TOP_K);
-                match compare(&got, &want, at.dtype) {
-                    Ok(e) => format!("{e:.1e} ({rows} sampled rows)"),
-                    Err(why) => {
-                        failures.push(format!("{phase} {tokens} {}: {why}", op.name()));
-                        "FAIL".into()
+                } else {
+                    let at = &run.phase.results[0].1;
+                    let gpu = gather(&bytes_of(&run, at), at, &b);
+                    let (got, want, rows) = sampled_moe_rows(op, &ins, &gpu, TOP_K);
+                    match compare(&got, &want, at.dtype) {
+                        Ok(e) => format!("{e:.1e} ({rows} sampled rows)"),
+                        Err(why) => {
+                            failures
+                                .push(format!("{phase} {tokens} {} {variant}: {why}", op.name()));
+                            "FAIL".into()
+                        }
                     }
                 }
             };
+            // At decode the skinny grouped GEMM also runs in its other shapes (columns a block,
+            // steps of K unrolled), each checked, so the lowering's choice is read off a
+            // measurement.
+            let skinny = |k: &Kernel| k.template == "moe_gemm_skinny";
+            let mut variants: Vec<Option<(u64, u64)>> = vec![None];
+            if phase == "decode" && matches!(op, Op::MoeGateUp {} | Op::MoeDown {}) {
+                for cols in [16u64, 32, 64] {
+                    for unroll in [2u64, 4] {
+                        variants.push(Some((cols, unroll)));
+                    }
+                }
+            }
+            let n_cols = if matches!(op, Op::MoeDown {}) {
+                HIDDEN
+            } else {
+                INTER
+            } as u64;
+            let shipped = lower_module(&mm, dev.target, limits)
+                .unwrap()
+                .kernels
+                .iter()
+                .find(|k| skinny(k))
+                .map(|k| format!("{}/{}", k.params["cols"], k.params["unroll"]));
+            for variant in variants {
+                let tweak = |module: &Module, t: Target, limits: Limits| {
+                    let mut lowered = lower_module(module, t, limits).unwrap();
+                    let Some((cols, unroll)) = variant else {
+                        return lowered;
+                    };
+                    let mut names = std::collections::HashSet::new();
+                    for k in lowered.kernels.iter_mut().filter(|k| skinny(k)) {
+                        k.params.insert("cols".into(), cols.to_string());
+                        k.params.insert("unroll".into(), unroll.to_string());
+                        names.insert(k.name.clone());
+                    }
+                    for step in lowered.phases.iter_mut().flat_map(|p| p.steps.iter_mut()) {
+                        if let Step::Launch(l) = step {
+                            if names.contains(&l.kernel) {
+                                let blocks = (tokens * TOP_K) as u64 * n_cols.div_ceil(cols);
+                                l.grid = GridDim::fixed(blocks);
+                            }
+                        }
+                    }
+                    lowered
+                };
+                let run = run_on_gpu_with(&dev, &mm, limits, &ins, &b, true, &tweak);
+                let name = match (variant, &shipped) {
+                    (None, Some(s)) => format!("{s}*"),
+                    (None, None) => "as lowered*".to_string(),
+                    (Some((c, u)), Some(s)) if *s == format!("{c}/{u}") => continue,
+                    (Some((c, u)), _) => format!("{c}/{u}"),
+                };
+                let err = check(&run, &mut failures, &name);
+                let kernel = launched(&run.phase, &b).join(",");
+                let line = format!(
+                    "| {phase} | {tokens} | {active} | {} | {kernel} | {name} | {err} | {} |",
+                    op.name(),
+                    timed(&run, &f, &b, copy_gbs).cells()
+                );
+                println!("{line}");
+                writeln!(report, "{line}").unwrap();
+            }
             ins.clear();
-            let kernel = launched(&run.phase, &b).join(",");
-            let line = format!(
-                "| {phase} | {tokens} | {active} | {} | {kernel} | {err} | {} |",
-                op.name(),
-                timed(&run, &f, &b, copy_gbs).cells()
-            );
-            println!("{line}");
-            writeln!(report, "{line}").unwrap();
         }
     }
     print!("{report}");
