@@ -32,8 +32,8 @@ const TOP_P_PER_THREAD: u64 = 8;
 /// Bins of `sample.top_p`'s histogram (256 per binade of 1 + d, d in nats below the maximum,
 /// up to d = 255; `sample.cu`), fewer for a short row.
 const TOP_P_BINS: u64 = 2048;
-/// Candidates a refining stage of `sample.top_p` sorts in shared memory (32 KiB); a bin with
-/// more is refined by passes over the row.
+/// Candidates a refining stage of `sample.top_p` sorts in shared memory (32 KiB; a power of two,
+/// as the bitonic sort needs); a bin with more is refined by passes over the row.
 const TOP_P_CAP: u64 = 2048;
 /// Threads of the baseline attention kernel (one block per query row and head).
 const ATTENTION_THREADS: u32 = 128;
@@ -867,7 +867,8 @@ fn sample_argmax(cx: &NodeCtx) -> Result<Lowering, String> {
 fn top_p_layout(cols: u64) -> (u64, u64, u64, u64, u64) {
     let slices = cols.div_ceil(TOP_P_THREADS as u64 * TOP_P_PER_THREAD);
     let bins = cols.next_power_of_two().min(TOP_P_BINS);
-    let cap = cols.min(TOP_P_CAP);
+    // A power of two: the bitonic sort pads its candidates to one, in arrays of `cap`.
+    let cap = cols.next_power_of_two().min(TOP_P_CAP);
     // Σ q ≤ cols · 2^shift ≤ 2^63.
     let shift = 63 - cols.next_power_of_two().trailing_zeros() as u64;
     // The histogram, one (max, argmax) per slice, the candidates' keys and masses, 11 words of

@@ -105,6 +105,7 @@ constexpr int CAP = {{ cap }};
 constexpr int QSHIFT = {{ qshift }};
 constexpr unsigned FULL = 0xffffffffu;
 static_assert(SLICES * SLICE >= COLS && (SLICES - 1) * SLICE < COLS, "slices cover the row");
+static_assert((CAP & (CAP - 1)) == 0, "the sort pads its candidates to a power of two in CAP slots");
 
 // What the stages tell each other, per row.
 struct Ctl {
@@ -300,9 +301,10 @@ __device__ __forceinline__ u64 mass_from(const {{ x_t }}* x, const Row& row, int
     return total;
 }
 
-// The index of the j-th token (0-based, index order) whose key is `k`: each warp counts one
-// segment of the row, the warp holding it finds it.
-__device__ __forceinline__ int nth_with_key(const {{ x_t }}* x, const Row& row, unsigned k, u64 j) {
+// The index of the j-th token (0-based, index order) of bin `b` whose key is `k`: each warp
+// counts one segment of the row, the warp holding it finds it. The bin matters at T = inf, where
+// every token has one key but -inf ones (probability 0) lie in the last bin.
+__device__ __forceinline__ int nth_with_key(const {{ x_t }}* x, const Row& row, int b, unsigned k, u64 j) {
     constexpr int SEG = (COLS + WARPS - 1) / WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int begin = warp * SEG, end = begin + SEG < COLS ? begin + SEG : COLS;
@@ -313,7 +315,7 @@ __device__ __forceinline__ int nth_with_key(const {{ x_t }}* x, const Row& row, 
         const int c = c0 + lane;
         float v = nan_f32();
         if (c < end) v = ld(x + c);
-        n += __popc(__ballot_sync(FULL, !isnan(v) && row.key(v) == k));
+        n += __popc(__ballot_sync(FULL, !isnan(v) && row.key(v) == k && row.bin(v) == b));
     }
     __syncthreads();
     if (lane == 0) counts[warp] = n;
@@ -327,7 +329,7 @@ __device__ __forceinline__ int nth_with_key(const {{ x_t }}* x, const Row& row, 
             const int c = c0 + lane;
             float v = nan_f32();
             if (c < end) v = ld(x + c);
-            const bool hit = !isnan(v) && row.key(v) == k;
+            const bool hit = !isnan(v) && row.key(v) == k && row.bin(v) == b;
             const unsigned ballot = __ballot_sync(FULL, hit);
             const unsigned count = __popc(ballot);
             if (need < count) {
@@ -406,7 +408,7 @@ __device__ __forceinline__ void resolve(const {{ x_t }}* x, const Row& row, u64*
     const u64 q = row.q(value_of(lo));
     const u64 j = (target - before + q - 1) / q - 1;
     cum = before + (j + 1) * q;
-    token = want_token ? nth_with_key(x, row, lo, j) : -1;
+    token = want_token ? nth_with_key(x, row, b, lo, j) : -1;
 }
 }  // namespace {{ name }}_k
 

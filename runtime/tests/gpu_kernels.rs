@@ -1061,9 +1061,10 @@ fn random_weights_on_the_gpu_equal_the_interpreters() {
 /// The GPU's `sample.top_p` follows the nucleus distribution (the CPU test's statistical check)
 /// on each of its paths: a peaked row, a flat row (its bins sorted in shared memory), a narrow
 /// row at a high temperature and a row of equal logits (bins of over 2048 tokens, refined by
-/// passes over the row); at temperature 0 every draw is the argmax. At GLM-5's vocabulary, rows
-/// of every kind in batches of 1, 8 and 64 give the interpreter's token for the same draw, and
-/// one row of each kind is timed at batches 1 and 8 (the target: 10 us for one row).
+/// passes over the row); at temperature 0 every draw is the argmax. Short rows (1 to 3000
+/// tokens, tied logits) and, at GLM-5's vocabulary, rows of every kind in batches of 1, 8 and 64
+/// give the interpreter's token for the same draw, and one row of each kind is timed at batches 1
+/// and 8 (the target: 10 us for one row), its tokens after the graph's replays checked again.
 #[test]
 #[ignore = "gpu"]
 fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
@@ -1121,6 +1122,34 @@ fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
             writeln!(report, "{name}: {check:?}").unwrap();
         }
     }
+    // Short rows, tied logits among them: one bin per token near the maximum and the rest in the
+    // last; candidates padded to a power of two (12, 1000), a partial second slice (3000).
+    let mut short = Rng(78);
+    for cols in [1usize, 8, 12, 64, 1000, 3000] {
+        let row: Vec<f32> = (0..cols)
+            .map(|_| ((short.uniform() * 12.0).floor() - 6.0) * 0.5)
+            .collect();
+        let rows: Vec<_> = (0..256)
+            .map(|i| {
+                let u = sampling::uniform(17, cols as u64, i);
+                (row.as_slice(), 1.5, 0.9, u)
+            })
+            .collect();
+        let (ids, _) = sample_rows_on_gpu(&dev, cols, &rows, false);
+        for (i, ((row, t, p, u), &id)) in rows.iter().zip(&ids).enumerate() {
+            let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
+            assert_eq!(
+                id, want,
+                "{cols} tokens, draw {i} (u={u}): GPU token {id}, interpreter {want}"
+            );
+        }
+        writeln!(
+            report,
+            "{cols}-token rows: all {} draws the interpreter's",
+            rows.len()
+        )
+        .unwrap();
+    }
     // GLM-5's vocabulary: every kind of row, each with its own draw, against the interpreter.
     let vocab = 154_880;
     let kinds = glm5_sampling_rows(vocab, &mut rng);
@@ -1150,13 +1179,21 @@ fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
         )
         .unwrap();
     }
-    // Timing: one row of each kind alone, and eight of it.
+    // Timing: one row of each kind alone, and eight of it. The tokens are those of the last of
+    // the timed graph's replays, each starting from the scratch the one before it left.
     for (name, row, t, p) in &kinds {
         for batch in [1usize, 8] {
             let rows: Vec<_> = (0..batch)
                 .map(|i| (row.as_slice(), *t, *p, sampling::uniform(13, 0, i as u64)))
                 .collect();
-            let (_, secs) = sample_rows_on_gpu(&dev, vocab, &rows, true);
+            let (ids, secs) = sample_rows_on_gpu(&dev, vocab, &rows, true);
+            for (i, ((row, t, p, u), &id)) in rows.iter().zip(&ids).enumerate() {
+                let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
+                assert_eq!(
+                    id, want,
+                    "replayed, batch {batch}, row {i} ({name}): GPU token {id}, interpreter {want}"
+                );
+            }
             writeln!(
                 report,
                 "{name}, T={t}, top-p {p}, batch {batch}: {:.1} us",
