@@ -23,11 +23,18 @@ const ELEMENTWISE_THREADS: u32 = 256;
 const ROW_THREADS: u32 = 256;
 /// Register-resident values per thread in a norm beyond which it takes more threads instead.
 const MAX_NORM_ITEMS: u64 = 8;
-/// Threads of the sampling kernels: one block per row of the vocabulary.
+/// Threads of `sample.argmax`: one block per row of the vocabulary.
 const SAMPLE_THREADS: u32 = 1024;
-/// Candidates the top-p kernel sorts in shared memory (16 KiB): every token with probability at
-/// least 1/this fits, and for a peaked distribution they hold the whole nucleus.
-const NUCLEUS_CAP: u32 = 2048;
+/// Threads of each block of `sample.top_p`'s stages, and the tokens each thread holds: a block
+/// takes a 2048-token slice of its row, so GLM-5's vocabulary spreads over 76 SMs.
+const TOP_P_THREADS: u32 = 256;
+const TOP_P_PER_THREAD: u64 = 8;
+/// Bins of `sample.top_p`'s histogram (256 per binade of 1 + d, d in nats below the maximum,
+/// up to d = 255; `sample.cu`), fewer for a short row.
+const TOP_P_BINS: u64 = 2048;
+/// Candidates a refining stage of `sample.top_p` sorts in shared memory (32 KiB; a power of two,
+/// as the bitonic sort needs); a bin with more is refined by passes over the row.
+const TOP_P_CAP: u64 = 2048;
 /// Threads of the baseline attention kernel (one block per query row and head).
 const ATTENTION_THREADS: u32 = 128;
 /// Keys per block of `dsa.score`.
@@ -347,8 +354,8 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
             rope,
             ..
         } => cache_update_norm(cx, *batched, *layernorm, *eps, rope.as_ref()),
-        Op::SampleArgmax {} => sample(cx, false),
-        Op::SampleTopP {} => sample(cx, true),
+        Op::SampleArgmax {} => sample_argmax(cx),
+        Op::SampleTopP {} => sample_top_p(cx),
         Op::Matmul {} => gemm(cx, false, None),
         Op::MatmulArgmax {} => gemm_argmax(cx),
         Op::MatmulHeads {} => gemm(cx, true, None),
@@ -833,8 +840,8 @@ pub fn copy(
     Ok(planned)
 }
 
-/// `sample.argmax` / `sample.top_p` over rows of logits.
-fn sample(cx: &NodeCtx, top_p: bool) -> Result<Lowering, String> {
+/// `sample.argmax` over rows of logits: one block per row.
+fn sample_argmax(cx: &NodeCtx) -> Result<Lowering, String> {
     let (out, logits) = (&cx.outputs[0], &cx.operands[0]);
     let rows = rows_of(logits, "the logits")?;
     let cols = const_cols(&rows, "the logits")?;
@@ -842,29 +849,90 @@ fn sample(cx: &NodeCtx, top_p: bool) -> Result<Lowering, String> {
         .param("op", cx.node.op.name())
         .param("cols", cols)
         .param("threads", SAMPLE_THREADS)
-        .param("top_p", top_p)
-        .param("cap", NUCLEUS_CAP)
+        .param("top_p", false)
         .dtype("x_t", logits.dtype)?
-        .shared(
-            32 * 4 + SAMPLE_THREADS * 8 + 8 + if top_p { NUCLEUS_CAP * 8 + 12 } else { 0 },
-            false,
-        );
-    let mut args = vec![
+        .shared(32 * 4 + SAMPLE_THREADS * 8, false);
+    let args = vec![
         cx.ptr("out", out),
         cx.ptr("logits", logits),
         int("stride", rows.stride),
+        int("rows", rows.rows.clone()),
     ];
-    if top_p {
-        for (i, name) in ["temperature", "top_p", "uniform"].iter().enumerate() {
-            let r = &cx.operands[i + 1];
-            if r.dtype != DType::F32 || !r.is_contiguous() {
-                return Err(format!("{name} must be contiguous f32"));
-            }
-            args.push(cx.ptr(name, r));
+    Ok(k.launch(GridDim::one_block_each(rows.rows), args))
+}
+
+/// `sample.top_p`'s layout for rows of `cols` tokens: (slices per row, bins, candidates, the
+/// fixed-point shift of a probability, 64-bit words of scratch per row), as `sample.cu` lays
+/// out a row's scratch (its static_assert checks the words).
+fn top_p_layout(cols: u64) -> (u64, u64, u64, u64, u64) {
+    let slices = cols.div_ceil(TOP_P_THREADS as u64 * TOP_P_PER_THREAD);
+    let bins = cols.next_power_of_two().min(TOP_P_BINS);
+    // A power of two: the bitonic sort pads its candidates to one, in arrays of `cap`.
+    let cap = cols.next_power_of_two().min(TOP_P_CAP);
+    // Σ q ≤ cols · 2^shift ≤ 2^63.
+    let shift = 63 - cols.next_power_of_two().trailing_zeros() as u64;
+    // The histogram, one (max, argmax) per slice, the candidates' keys and masses, 11 words of
+    // counters and results (`Ctl`).
+    let words = bins + slices + 2 * cap + 11;
+    (slices, bins, cap, shift, words)
+}
+
+/// `sample.top_p`: four kernels over rows × slices blocks (`sample.cu` says what each does)
+/// sharing one scratch of `top_p_layout`'s words per row.
+fn sample_top_p(cx: &NodeCtx) -> Result<Lowering, String> {
+    let (out, logits) = (&cx.outputs[0], &cx.operands[0]);
+    let rows = rows_of(logits, "the logits")?;
+    let cols = const_cols(&rows, "the logits")?;
+    if cols == 0 || cols > i32::MAX as u64 {
+        return Err(format!(
+            "{cols} tokens: the kernels hold a token in an int (1 to 2^31 - 1)"
+        ));
+    }
+    if out.dtype != DType::I64 || !out.is_contiguous() {
+        return Err(format!("the tokens must be contiguous i64 ({out})"));
+    }
+    let operands: Vec<&TensorRef> = cx.operands[1..4].iter().collect();
+    for (r, name) in operands.iter().zip(["temperature", "top_p", "uniform"]) {
+        if r.dtype != DType::F32 || !r.is_contiguous() {
+            return Err(format!("{name} must be contiguous f32"));
         }
     }
-    args.push(int("rows", rows.rows.clone()));
-    Ok(k.launch(GridDim::one_block_each(rows.rows), args))
+    let (slices, bins, cap, shift, words) = top_p_layout(cols);
+    let scratch = cx.scratch(DType::I64, rows.rows.scale(words as i64));
+    let grid = GridDim::one_block_each(rows.rows.scale(slices as i64));
+    let mut launches = Vec::new();
+    for (stage, shared) in [
+        ("max", 0),
+        ("hist", 8 * bins),
+        ("nucleus", 16 * cap),
+        ("draw", 16 * cap),
+    ] {
+        let k = Builder::new("sample", TOP_P_THREADS)
+            .param("op", cx.node.op.name())
+            .param("stage", stage)
+            .param("cols", cols)
+            .param("top_p", true)
+            .param("per", TOP_P_PER_THREAD)
+            .param("slices", slices)
+            .param("bins", bins)
+            .param("cap", cap)
+            .param("qshift", shift)
+            .param("row_words", words)
+            .dtype("x_t", logits.dtype)?
+            .shared(shared as u32 + 256, false);
+        let mut args = vec![
+            cx.ptr("out", out),
+            cx.ptr("logits", logits),
+            int("stride", rows.stride.clone()),
+        ];
+        for (r, name) in operands.iter().zip(["temperature", "top_p", "uniform"]) {
+            args.push(cx.ptr(name, r));
+        }
+        args.push(cx.scratch_ptr("scratch", scratch));
+        args.push(int("rows", rows.rows.clone()));
+        launches.push((k.planned(grid.clone(), args), cx.sources.take()));
+    }
+    Ok(Lowering::Launches(launches))
 }
 
 /// A tensor's leading axes (all but the last `keep`) as rows: `inner` rows `row_stride` apart,

@@ -1095,10 +1095,13 @@ fn random_weights_on_the_gpu_equal_the_interpreters() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The GPU's `sample.top_p` follows the nucleus distribution (the CPU test's statistical check),
-/// on both of its paths: a peaked row whose nucleus it sorts in shared memory, and a flat row
-/// (every probability below 1/2048) where it bisects; at temperature 0 every draw is the argmax.
-/// Also times one GLM-5-sized row on each path.
+/// The GPU's `sample.top_p` follows the nucleus distribution (the CPU test's statistical check)
+/// on each of its paths: a peaked row, a flat row (its bins sorted in shared memory), a narrow
+/// row at a high temperature and a row of equal logits (bins of over 2048 tokens, refined by
+/// passes over the row); at temperature 0 every draw is the argmax. Short rows (1 to 3000
+/// tokens, tied logits) and, at GLM-5's vocabulary, rows of every kind in batches of 1, 8 and 64
+/// give the interpreter's token for the same draw, and one row of each kind is timed at batches 1
+/// and 8 (the target: 10 us for one row), its tokens after the graph's replays checked again.
 #[test]
 #[ignore = "gpu"]
 fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
@@ -1108,18 +1111,33 @@ fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
         1.0, 2.5, -0.5, 0.3, 1.7, 2.2, -1.2, 0.9, 1.1, -2.0, 0.0, 1.4,
     ];
     let flat: Vec<f32> = (0..4096).map(|_| rng.uniform() * 2.0 - 1.0).collect();
+    let equal = vec![0.25f32; 4096];
     let mut report = String::new();
     for (name, row, draws, temperature, top_p) in [
         (
-            "peaked, 12 tokens, T=2, top-p 0.9 (sorted path)",
+            "peaked, 12 tokens, T=2, top-p 0.9 (sorted bins)",
             &peaked,
             200_000usize,
             2.0f32,
             0.9f32,
         ),
         (
-            "flat, 4096 tokens, T=1, top-p 0.5 (bisection path)",
+            "flat, 4096 tokens, T=1, top-p 0.5 (sorted bins)",
             &flat,
+            20_000,
+            1.0,
+            0.5,
+        ),
+        (
+            "narrow, 4096 tokens, T=200, top-p 0.5 (a bin of over 2048: bisection)",
+            &flat,
+            20_000,
+            200.0,
+            0.5,
+        ),
+        (
+            "equal, 4096 tokens, T=1, top-p 0.5 (ties counted in index order)",
+            &equal,
             20_000,
             1.0,
             0.5,
@@ -1141,24 +1159,127 @@ fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
             writeln!(report, "{name}: {check:?}").unwrap();
         }
     }
-    // Timing: one row of GLM-5's vocabulary, peaked (a confident next token) and flat.
+    // Short rows, tied logits among them: one bin per token near the maximum and the rest in the
+    // last; candidates padded to a power of two (12, 1000), a partial second slice (3000).
+    let mut short = Rng(78);
+    for cols in [1usize, 8, 12, 64, 1000, 3000] {
+        let row: Vec<f32> = (0..cols)
+            .map(|_| ((short.uniform() * 12.0).floor() - 6.0) * 0.5)
+            .collect();
+        let rows: Vec<_> = (0..256)
+            .map(|i| {
+                let u = sampling::uniform(17, cols as u64, i);
+                (row.as_slice(), 1.5, 0.9, u)
+            })
+            .collect();
+        let (ids, _) = sample_rows_on_gpu(&dev, cols, &rows, false);
+        for (i, ((row, t, p, u), &id)) in rows.iter().zip(&ids).enumerate() {
+            let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
+            assert_eq!(
+                id, want,
+                "{cols} tokens, draw {i} (u={u}): GPU token {id}, interpreter {want}"
+            );
+        }
+        writeln!(
+            report,
+            "{cols}-token rows: all {} draws the interpreter's",
+            rows.len()
+        )
+        .unwrap();
+    }
+    // GLM-5's vocabulary: every kind of row, each with its own draw, against the interpreter.
     let vocab = 154_880;
+    let kinds = glm5_sampling_rows(vocab, &mut rng);
+    for batch in [1usize, 8, 64] {
+        let mut rows = Vec::new();
+        for i in 0..batch {
+            let (_, row, t, p) = &kinds[(i + batch) % kinds.len()];
+            rows.push((
+                row.as_slice(),
+                *t,
+                *p,
+                sampling::uniform(11, batch as u64, i as u64),
+            ));
+        }
+        let (ids, _) = sample_rows_on_gpu(&dev, vocab, &rows, false);
+        for (i, ((row, t, p, u), &id)) in rows.iter().zip(&ids).enumerate() {
+            let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
+            let kind = kinds[(i + batch) % kinds.len()].0;
+            assert_eq!(
+                id, want,
+                "batch {batch}, row {i} ({kind}, T={t}, top-p {p}, u={u}): GPU token {id}, interpreter {want}"
+            );
+        }
+        writeln!(
+            report,
+            "batch {batch} of {vocab}-token rows: every token the interpreter's"
+        )
+        .unwrap();
+    }
+    // Timing: one row of each kind alone, and eight of it. The tokens are those of the last of
+    // the timed graph's replays, each starting from the scratch the one before it left.
+    for (name, row, t, p) in &kinds {
+        for batch in [1usize, 8] {
+            let rows: Vec<_> = (0..batch)
+                .map(|i| (row.as_slice(), *t, *p, sampling::uniform(13, 0, i as u64)))
+                .collect();
+            let (ids, secs) = sample_rows_on_gpu(&dev, vocab, &rows, true);
+            for (i, ((row, t, p, u), &id)) in rows.iter().zip(&ids).enumerate() {
+                let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
+                assert_eq!(
+                    id, want,
+                    "replayed, batch {batch}, row {i} ({name}): GPU token {id}, interpreter {want}"
+                );
+            }
+            writeln!(
+                report,
+                "{name}, T={t}, top-p {p}, batch {batch}: {:.1} us",
+                secs.unwrap() * 1e6
+            )
+            .unwrap();
+        }
+    }
+    print!("{report}");
+    std::fs::write(out_dir().join("sampling.txt"), report).unwrap();
+}
+
+/// Rows of GLM-5's vocabulary, one per path of `sample.top_p`: (name, logits, T, top-p).
+fn glm5_sampling_rows(vocab: usize, rng: &mut Rng) -> Vec<(&'static str, Vec<f32>, f32, f32)> {
     let mut confident: Vec<f32> = (0..vocab).map(|_| rng.uniform() * 4.0 - 2.0).collect();
     for (k, x) in confident.iter_mut().take(40).enumerate() {
         *x = 14.0 - k as f32 * 0.25;
     }
-    let uniform_row: Vec<f32> = (0..vocab).map(|_| rng.uniform() * 4.0 - 2.0).collect();
-    for (name, row) in [("confident", &confident), ("flat", &uniform_row)] {
-        let (_, secs) = sample_on_gpu(&dev, row, 1, 1.0, 0.9, true);
-        writeln!(
-            report,
-            "one {vocab}-token row, {name}, T=1, top-p 0.9: {:.1} us",
-            secs.unwrap() * 1e6
-        )
-        .unwrap();
+    let flat: Vec<f32> = (0..vocab).map(|_| rng.uniform() * 4.0 - 2.0).collect();
+    // A language model's shape: a few likely tokens over a long tail of many small ones.
+    let tail: Vec<f32> = (0..vocab)
+        .map(|i| {
+            let x = rng.uniform();
+            if i % 9973 == 0 {
+                8.0 + 4.0 * x
+            } else {
+                -6.0 * x * x
+            }
+        })
+        .collect();
+    // NaN never drawn, -inf never reached.
+    let mut holes = flat.clone();
+    for (i, x) in holes.iter_mut().enumerate() {
+        match i % 97 {
+            0 => *x = f32::NAN,
+            1 => *x = f32::NEG_INFINITY,
+            _ => {}
+        }
     }
-    print!("{report}");
-    std::fs::write(out_dir().join("sampling.txt"), report).unwrap();
+    vec![
+        ("confident", confident.clone(), 1.0, 0.9),
+        ("flat", flat.clone(), 1.0, 0.9),
+        ("flat, whole row", flat.clone(), 1.0, 1.0),
+        ("long tail", tail, 0.7, 0.95),
+        ("narrow (bisection)", flat.clone(), 200.0, 0.9),
+        ("equal (ties)", vec![1.5; vocab], 1.0, 0.5),
+        ("greedy", confident, 0.0, 0.9),
+        ("NaN and -inf", holes, 1.3, 0.8),
+    ]
 }
 
 /// `draws` rows of `row`, each with its own uniform draw, through the lowered `sample.top_p`.
@@ -1170,7 +1291,24 @@ fn sample_on_gpu(
     top_p: f32,
     time_it: bool,
 ) -> (Vec<i64>, Option<f64>) {
-    let v = row.len();
+    let rows: Vec<_> = (0..draws as u64)
+        .map(|r| (row, temperature, top_p, sampling::uniform(7, 0, r)))
+        .collect();
+    sample_rows_on_gpu(dev, row.len(), &rows, time_it)
+}
+
+/// One row of `sample.top_p`'s operands: logits, temperature, top-p, uniform draw.
+type SampleRow<'a> = (&'a [f32], f32, f32, f32);
+
+/// Rows of `v` logits with their (temperature, top-p, uniform) through the lowered
+/// `sample.top_p` as one batch; the tokens and, timed, the seconds per run.
+fn sample_rows_on_gpu(
+    dev: &Device,
+    v: usize,
+    rows: &[SampleRow],
+    time_it: bool,
+) -> (Vec<i64>, Option<f64>) {
+    let draws = rows.len();
     let mut f = Function::new("decode");
     let b = glmc_ir::Dim::sym("b");
     let vec_of = |ty| TensorType::new(DType::F32, vec![b.clone()]).with_dtype(ty);
@@ -1188,21 +1326,16 @@ fn sample_on_gpu(
     f.results.push(("next_token".into(), s.into()));
     let mut module = Module::new("sampling");
     module.functions.push(f);
+    let column = |k: fn(&SampleRow) -> f32| rows.iter().map(k).collect::<Vec<_>>();
     let ins = vec![
         Tensor::f32(
             vec![draws, v],
-            row.iter().cycle().take(draws * v).copied().collect(),
+            rows.iter().flat_map(|r| r.0.iter().copied()).collect(),
         )
         .unwrap(),
-        Tensor::f32(vec![draws], vec![temperature; draws]).unwrap(),
-        Tensor::f32(vec![draws], vec![top_p; draws]).unwrap(),
-        Tensor::f32(
-            vec![draws],
-            (0..draws as u64)
-                .map(|r| sampling::uniform(7, 0, r))
-                .collect(),
-        )
-        .unwrap(),
+        Tensor::f32(vec![draws], column(|r| r.1)).unwrap(),
+        Tensor::f32(vec![draws], column(|r| r.2)).unwrap(),
+        Tensor::f32(vec![draws], column(|r| r.3)).unwrap(),
     ];
     let bind = Bindings::from([("b".into(), draws as u64), ("t".into(), 1)]);
     let limits = Limits {
