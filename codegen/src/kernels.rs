@@ -1271,7 +1271,9 @@ const SKINNY_GEMM_16_STREAMED: GemmTile = GemmTile {
 /// flight: in the same sweep the indexer's wq_b (4096 × 2048) took 7.2 µs against 9.6 with six
 /// chunks (at four blocks an SM against three), and the fused q_a projection and the shared
 /// expert were within 1 µs of their best variants. Four blocks an SM (64 registers) now spill
-/// on sm_90a, so three.
+/// on sm_90a, so three. It keeps the narrow weights of more than 16 chunks whose tiles fit
+/// neither [`SKINNY_GEMM_16_NARROW_DEEP`]'s wave nor [`SKINNY_GEMM_16_ONE_WAVE`]'s (the fused
+/// q_a projection on an H200).
 const SKINNY_GEMM_16_NARROW: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
@@ -1309,20 +1311,52 @@ const SKINNY_GEMM_16_NARROW_DEEP: GemmTile = GemmTile {
 };
 
 /// The 16-row one for a short K (at most 8 chunks of 32: GLM-5's per-head q_absorbed, K = 192):
-/// split 8 ways, most warps of a block had one chunk or none, and 2048 small blocks took 9.6–12.6
-/// µs for 12.6 MB (torch.matmul 6.1). Here each warp takes all of K for its own 8 columns, and a
-/// block 64 columns, four chunks in flight at three blocks an SM: 6.4 µs on an H200
-/// (tests/gpu/results/2026-12-01q, call C). Four blocks took 5.0 µs there but spill 20 bytes on
-/// sm_90a; six chunks spill on sm_120.
+/// each warp takes all of K for its own 16 columns, all of its chunks in flight at once, a
+/// block 128 columns at two blocks an SM. The tile it replaces (8 columns a warp, four chunks in
+/// flight, three blocks an SM) took 6.3 µs for q_absorbed's 12.6 MB on an H200 against 5.0 at
+/// four blocks (tests/gpu/results/2026-12-01s, call 1): its 512 blocks are 1.3 waves at three
+/// blocks an SM and one at four, and a block's time is a DRAM round trip or two whatever its
+/// size, so the waves set the time. Here the 256 blocks are one wave at two blocks an SM (264
+/// slots on an H200), and every SM has all its bytes (2 × 48 KiB) in flight from the start
+/// instead of a block's first four of six chunks. PREDICTION, to be replaced by the sweep's
+/// numbers (`glm5_skinny_gemm_variants_are_timed`, which keeps the old tile as a variant).
 const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
+    template: "gemm_skinny",
+    rows: 16,
+    cols: 128,
+    shared: 8 * 8 * 32 * 4,
+    dynamic: false,
+    params: &[
+        ("depth", 8),
+        ("min_blocks", 2),
+        ("mt", 1),
+        ("nt", 2),
+        ("prefetch", 256),
+        ("warps_k", 1),
+    ],
+    tiled: None,
+};
+
+/// The same for K up to 16 chunks (the per-head attn product, K = 512): each warp takes all of
+/// K for its own 8 columns, 10 of its 16 chunks in flight; a block 64 columns at two blocks an
+/// SM, so attn's 256 blocks are one wave (264 slots on an H200) with 80 KiB in flight an SM, of
+/// its 127 KiB share. Ten is the deepest ring without spills on both sm_90a and sm_120 at two
+/// blocks an SM for attn and the dense prefill's kv_b_proj (K = 512, 28672 columns): ptxas
+/// gives the kernel up to all 128 registers from depth 10, and 11, 12, 13 and 16 spill on one
+/// of them for one of those shapes, as do 16 columns on two warps at eight chunks each (one warp
+/// on K makes every chunk's bounds a constant). The tile it replaces (two warps on K, four of
+/// each one's eight chunks in flight, four blocks an SM: 512 blocks, 64 KiB an SM) took 7.4 µs
+/// at one row against torch.matmul's 6.8 (tests/gpu/results/2026-12-01s, call 1). PREDICTION,
+/// as for [`SKINNY_GEMM_16_SHORT_K`].
+const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
     cols: 64,
     shared: 8 * 4 * 32 * 4,
     dynamic: false,
     params: &[
-        ("depth", 4),
-        ("min_blocks", 3),
+        ("depth", 10),
+        ("min_blocks", 2),
         ("mt", 1),
         ("nt", 1),
         ("prefetch", 256),
@@ -1331,29 +1365,29 @@ const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
     tiled: None,
 };
 
-/// The same for K up to 16 chunks (the per-head attn product, K = 512: 7.8–9.2 µs split 8 ways,
-/// torch.matmul 6.9): two warps a column tile, eight chunks each, four in flight.
-const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
-    template: "gemm_skinny",
-    rows: 16,
-    cols: 32,
-    shared: 8 * 4 * 32 * 4,
-    dynamic: false,
+/// The 16-column tile with all of K in flight (at most 64 chunks: eight a warp) at two blocks
+/// an SM, for a weight whose 16-column tiles fit one wave of them: the indexer's wq_b (4096 ×
+/// 2048: 256 tiles, 264 slots on an H200), 128 KiB in flight an SM, all of its share. It took
+/// the narrow 8-column tile (512 blocks: 1.3 waves at three blocks an SM, 64 KiB in flight an
+/// SM) 8.4 µs at one row and 9.5 at eight, torch.matmul 7.7 and 7.3; four blocks an SM (one
+/// wave) 7.2 and 7.8 (tests/gpu/results/2026-12-01s, call 1). PREDICTION, as for
+/// [`SKINNY_GEMM_16_SHORT_K`].
+const SKINNY_GEMM_16_ONE_WAVE: GemmTile = GemmTile {
     params: &[
-        ("depth", 4),
-        ("min_blocks", 4),
+        ("depth", 8),
+        ("min_blocks", 2),
         ("mt", 1),
-        ("nt", 1),
+        ("nt", 2),
         ("prefetch", 256),
-        ("warps_k", 2),
+        ("warps_k", 8),
     ],
-    tiled: None,
+    ..SKINNY_GEMM_16
 };
 
 /// Columns (over all heads) below which a weight is narrow and takes [`SKINNY_GEMM_16_NARROW`]
 /// or [`SIMT_GEMV_SPLIT`]: 16-column tiles would give fewer than two blocks an SM on the target
 /// with the most SMs (188).
-fn narrow_weight_columns() -> u64 {
+pub fn narrow_weight_columns() -> u64 {
     let sms = Target::ALL.iter().map(|t| t.sm_count()).max().unwrap_or(0);
     2 * u64::from(sms) * 16
 }
@@ -1462,10 +1496,19 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
     let many_tiles = weight_columns(w).is_some_and(|c| c.div_ceil(16) > 2 * 3 * sms);
     // Narrow 8-column tiles that fit one wave at two blocks an SM.
     let one_deep_wave = weight_columns(w).is_some_and(|c| c.div_ceil(8) <= 2 * sms);
+    // 16-column tiles that do.
+    let one_wave = weight_columns(w).is_some_and(|c| c.div_ceil(16) <= 2 * sms);
+    // A few rows' time is the weight's bytes over the bytes an SM has in flight, plus a DRAM
+    // round trip or two a wave, so a weight that fits one wave gets a tile that puts all of it
+    // (or most, at 9–16 chunks) in flight from the start. The short-K, mid-K and one-wave tiles
+    // are predictions from that arithmetic, each beside the tile it replaced in
+    // `glm5_skinny_gemm_variants_are_timed`; the rest are that sweep's winners on an H200
+    // (tests/gpu/results/2026-12-01r and 2026-12-01s).
     let narrow_tile = match const_dim(w, w.shape.len() - 1, "the weight")?.div_ceil(32) {
         0..=8 => SKINNY_GEMM_16_SHORT_K,
         9..=16 => SKINNY_GEMM_16_MID_K,
         _ if is_narrow(w) && one_deep_wave => SKINNY_GEMM_16_NARROW_DEEP,
+        17..=64 if one_wave => SKINNY_GEMM_16_ONE_WAVE,
         _ if is_narrow(w) => SKINNY_GEMM_16_NARROW,
         17..=64 if many_tiles => SKINNY_GEMM_16_STREAMED,
         _ => SKINNY_GEMM_16,

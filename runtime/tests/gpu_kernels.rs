@@ -23,7 +23,8 @@ use std::path::PathBuf;
 use glmc_codegen::artifact::{self, WeightEntry};
 use glmc_codegen::expr::{Bindings, GridDim, Guard};
 use glmc_codegen::kernels::{
-    persistent_blocks, shipped_tiled_gemm, TiledGemm, TILED_GEMM, TILED_GEMM_VARIANTS,
+    narrow_weight_columns, persistent_blocks, shipped_tiled_gemm, TiledGemm, TILED_GEMM,
+    TILED_GEMM_VARIANTS,
 };
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Kernel, Phase, Step};
@@ -1703,10 +1704,14 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// A variant of the 16-row skinny GEMM: weight chunks in flight per warp, blocks an SM, L2
-/// prefetch bytes, and whether the grid is persistent (`persistent_blocks`) or a block per tile.
+/// A variant of the 16-row skinny GEMM: its tile (8-column MMA tiles a warp, `nt`, and warps
+/// that split K, `warps_k`; a block is 8 / `warps_k` warps' columns wide), weight chunks in
+/// flight per warp, blocks an SM, L2 prefetch bytes, and whether the grid is persistent
+/// (`persistent_blocks`) or a block per tile.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct SkinnyVariant {
+    nt: u64,
+    warps_k: u64,
     depth: u64,
     blocks: u64,
     prefetch: u64,
@@ -1714,8 +1719,15 @@ struct SkinnyVariant {
 }
 
 impl SkinnyVariant {
-    const fn new(depth: u64, blocks: u64, persistent: bool) -> SkinnyVariant {
+    const fn new(
+        (nt, warps_k): (u64, u64),
+        depth: u64,
+        blocks: u64,
+        persistent: bool,
+    ) -> SkinnyVariant {
         SkinnyVariant {
+            nt,
+            warps_k,
             depth,
             blocks,
             prefetch: 256,
@@ -1723,8 +1735,34 @@ impl SkinnyVariant {
         }
     }
 
-    /// Its grid for a kernel of `tiles` tiles (at most 16 rows: one row tile).
-    fn blocks_for(&self, tiles: u64, target: Target) -> u64 {
+    /// The variant a lowered kernel is.
+    fn of(k: &Kernel) -> SkinnyVariant {
+        let p = |name: &str| k.params[name].parse::<u64>().unwrap();
+        SkinnyVariant {
+            nt: p("nt"),
+            warps_k: p("warps_k"),
+            depth: p("depth"),
+            blocks: p("min_blocks"),
+            prefetch: p("prefetch"),
+            persistent: k.template == PERSISTENT_SKINNY,
+        }
+    }
+
+    /// Columns a block of it computes.
+    fn block_columns(&self) -> u64 {
+        8 * self.nt * (8 / self.warps_k)
+    }
+
+    /// Its tiles on kernel `k`'s weight: the permuted columns (a rope block padded to an even
+    /// width) in tiles of [`Self::block_columns`], times the heads.
+    fn tiles(&self, k: &Kernel) -> u64 {
+        let p = |name: &str| k.params[name].parse::<u64>().unwrap();
+        skinny_columns(k).div_ceil(self.block_columns()) * p("heads")
+    }
+
+    /// Its grid on kernel `k` (at most 16 rows: one row tile).
+    fn blocks_for(&self, k: &Kernel, target: Target) -> u64 {
+        let tiles = self.tiles(k);
         if self.persistent {
             persistent_blocks(tiles, self.blocks, target)
         } else {
@@ -1733,50 +1771,93 @@ impl SkinnyVariant {
     }
 }
 
-/// The variants the sweep below times, for 16-column tiles and for the 8-column ones (narrow
-/// weights, short and mid K): a block per tile at the depths and blocks an SM that won some
-/// shape in tests/gpu/results/2026-12-01q (call D; no L2 prefetch lost or tied everywhere
-/// there), and persistent grids (`gemm_skinny_persistent.cu`; every one compiles without
-/// spills for sm_90a). A persistent variant whose grid is a block per tile anyway (no more
-/// tiles than slots) is the per-tile one and runs once.
-const SKINNY_VARIANTS: [&[SkinnyVariant]; 2] = [
+/// MMA tiles a warp and warps on K: 8 columns a warp over K split 8 ways (the narrow tile), 16
+/// (the 16-column tile), 16 over K split 4 ways, and the short-K tiles: 8 or 16 columns a warp
+/// on one or two warps a column tile.
+const NARROW: (u64, u64) = (1, 8);
+const WIDE: (u64, u64) = (2, 8);
+const WIDE_HALF_K: (u64, u64) = (2, 4);
+const ONE_WARP_8: (u64, u64) = (1, 1);
+const ONE_WARP_16: (u64, u64) = (2, 1);
+const TWO_WARPS_8: (u64, u64) = (1, 2);
+const TWO_WARPS_16: (u64, u64) = (2, 2);
+
+/// The variants the sweep below times besides the shipped one, by the weight's class. For K of
+/// more than 16 chunks, 16-column tiles and then narrow weights ([`narrow_weight_columns`]): a
+/// block per tile at the depths and blocks an SM that won some shape in
+/// tests/gpu/results/2026-12-01q (call D; no L2 prefetch lost or tied everywhere there), and
+/// persistent grids (`gemm_skinny_persistent.cu`), with the ones of 2026-12-01s's sweep and
+/// all of a warp's chunks of a tile in flight at two blocks an SM (on q_b_proj's persistent
+/// grid also 32-column tiles, half the tiles a block walks). K of at most 8 chunks (q_absorbed)
+/// and 16 (attn): the tiles they shipped before (8 columns a warp, on 3 or 4 blocks an SM, and
+/// persistent), and all of a warp's chunks in flight at two blocks an SM, 8 or 16 columns a
+/// warp. A persistent variant whose grid is a block per tile anyway (no more tiles than slots)
+/// is the per-tile one and runs once.
+const SKINNY_VARIANTS: [&[SkinnyVariant]; 4] = [
     &[
-        SkinnyVariant::new(2, 4, false),
-        SkinnyVariant::new(3, 3, false),
-        SkinnyVariant::new(4, 2, false),
-        SkinnyVariant::new(2, 4, true),
-        SkinnyVariant::new(3, 3, true),
-        SkinnyVariant::new(4, 3, true),
-        SkinnyVariant::new(4, 2, true),
+        SkinnyVariant::new(WIDE, 2, 4, false),
+        SkinnyVariant::new(WIDE, 3, 3, false),
+        SkinnyVariant::new(WIDE, 4, 2, false),
+        SkinnyVariant::new(WIDE, 2, 4, true),
+        SkinnyVariant::new(WIDE, 3, 3, true),
+        SkinnyVariant::new(WIDE, 4, 3, true),
+        SkinnyVariant::new(WIDE, 4, 2, true),
+        SkinnyVariant::new(WIDE, 6, 2, true),
+        SkinnyVariant::new(WIDE, 8, 2, true),
+        SkinnyVariant::new(WIDE_HALF_K, 8, 2, true),
     ],
     &[
-        SkinnyVariant::new(4, 4, false),
-        SkinnyVariant::new(4, 3, false),
-        SkinnyVariant::new(8, 2, false),
-        SkinnyVariant::new(4, 4, true),
-        SkinnyVariant::new(4, 3, true),
-        SkinnyVariant::new(8, 2, true),
-        SkinnyVariant::new(12, 2, true),
+        SkinnyVariant::new(NARROW, 4, 4, false),
+        SkinnyVariant::new(NARROW, 4, 3, false),
+        SkinnyVariant::new(NARROW, 8, 2, false),
+        SkinnyVariant::new(NARROW, 4, 4, true),
+        SkinnyVariant::new(NARROW, 4, 3, true),
+        SkinnyVariant::new(NARROW, 8, 2, true),
+        SkinnyVariant::new(NARROW, 12, 2, true),
+        SkinnyVariant::new(WIDE, 8, 2, false),
+        SkinnyVariant::new(WIDE, 8, 2, true),
+    ],
+    &[
+        SkinnyVariant::new(ONE_WARP_8, 4, 3, false),
+        SkinnyVariant::new(ONE_WARP_8, 4, 4, false),
+        SkinnyVariant::new(ONE_WARP_8, 8, 2, true),
+        SkinnyVariant::new(ONE_WARP_16, 8, 2, false),
+    ],
+    &[
+        SkinnyVariant::new(TWO_WARPS_8, 4, 4, false),
+        SkinnyVariant::new(TWO_WARPS_8, 4, 3, false),
+        SkinnyVariant::new(TWO_WARPS_8, 8, 2, true),
+        SkinnyVariant::new(TWO_WARPS_8, 12, 2, true),
+        SkinnyVariant::new(ONE_WARP_8, 16, 2, false),
+        SkinnyVariant::new(TWO_WARPS_16, 8, 2, false),
     ],
 ];
+
+/// Which of [`SKINNY_VARIANTS`] a skinny GEMM kernel of K `k` and `columns` weight columns over
+/// all heads is timed in.
+fn skinny_class(k: u64, columns: u64) -> usize {
+    match k.div_ceil(32) {
+        0..=8 => 2,
+        9..=16 => 3,
+        _ if columns < narrow_weight_columns() => 1,
+        _ => 0,
+    }
+}
 
 /// The template of the 16-row skinny GEMM on a persistent grid.
 const PERSISTENT_SKINNY: &str = "gemm_skinny_persistent";
 
-/// The tiles of a 16-row skinny GEMM kernel (`gemm_skinny.cu` with one row tile, or
-/// `gemm_skinny_persistent.cu`): its permuted
-/// columns (a rope block padded to an even width) in tiles of 8·nt columns × 8 / warps_k warps,
-/// times its heads.
-fn skinny_tiles(k: &Kernel) -> u64 {
+/// The permuted columns of a 16-row skinny GEMM kernel (`gemm_skinny.cu` with one row tile, or
+/// `gemm_skinny_persistent.cu`) in one head: a rope block padded to an even width.
+fn skinny_columns(k: &Kernel) -> u64 {
     let p = |name: &str| k.params[name].parse::<u64>().unwrap();
     let n = p("n");
-    let cols = if k.params["rope"] == "true" {
+    if k.params["rope"] == "true" {
         let period = p("period");
         n / period * (period + period % 2)
     } else {
         n
-    };
-    cols.div_ceil(8 * p("nt") * (8 / p("warps_k"))) * p("heads")
+    }
 }
 
 /// A launch a variant sweep times: its node in `f`, its kernel, and the node cut out of `f`
@@ -1871,28 +1952,22 @@ fn glm5_skinny_gemm_variants_are_timed() {
     );
     for p in picked {
         let (k, mini, mm) = (p.kernel, p.mini, p.module);
-        let [depth, blocks, prefetch] =
-            ["depth", "min_blocks", "prefetch"].map(|p| k.params[p].parse::<u64>().unwrap());
-        let tiles = skinny_tiles(&k);
         // A persistent grid of a block per tile is the per-tile grid.
         let effective = |v: SkinnyVariant| SkinnyVariant {
-            persistent: v.persistent && v.blocks_for(tiles, dev.target) < tiles,
+            persistent: v.persistent && v.blocks_for(&k, dev.target) < v.tiles(&k),
             ..v
         };
-        let shipped = effective(SkinnyVariant {
-            depth,
-            blocks,
-            prefetch,
-            persistent: k.template == PERSISTENT_SKINNY,
-        });
+        let shipped = effective(SkinnyVariant::of(&k));
+        let kp = |name: &str| k.params[name].parse::<u64>().unwrap();
+        let class = skinny_class(kp("k"), kp("n") * kp("heads"));
         let mut variants = vec![shipped];
-        for &v in SKINNY_VARIANTS[usize::from(k.params["nt"] == "1")] {
+        for &v in SKINNY_VARIANTS[class] {
             let v = effective(v);
             if !variants.contains(&v) {
                 variants.push(v);
             }
         }
-        cases.push((p.node, mini, mm, shipped, tiles, variants));
+        cases.push((p.node, mini, mm, k, shipped, variants));
     }
     let f = module
         .functions
@@ -1900,7 +1975,7 @@ fn glm5_skinny_gemm_variants_are_timed() {
         .find(|f| f.name == "decode")
         .unwrap();
     let target = dev.target;
-    let tweak = |v: SkinnyVariant, tiles: u64| {
+    let tweak = |v: SkinnyVariant, shipped: Kernel| {
         move |module: &Module, t: Target, limits: Limits| {
             let mut lowered = lower_module(module, t, limits).unwrap();
             let mut names = std::collections::HashSet::new();
@@ -1911,15 +1986,23 @@ fn glm5_skinny_gemm_variants_are_timed() {
                     "gemm_skinny"
                 }
                 .into();
-                k.params.insert("depth".into(), v.depth.to_string());
-                k.params.insert("min_blocks".into(), v.blocks.to_string());
-                k.params.insert("prefetch".into(), v.prefetch.to_string());
+                for (name, value) in [
+                    ("nt", v.nt),
+                    ("warps_k", v.warps_k),
+                    ("depth", v.depth),
+                    ("min_blocks", v.blocks),
+                    ("prefetch", v.prefetch),
+                ] {
+                    k.params.insert(name.into(), value.to_string());
+                }
+                // The partial sums' static array: 8 warps × 4·nt floats × 32 lanes.
+                k.shared_bytes = (8 * 4 * v.nt * 32 * 4) as u32;
                 names.insert(k.name.clone());
             }
             for step in lowered.phases.iter_mut().flat_map(|p| p.steps.iter_mut()) {
                 if let Step::Launch(l) = step {
                     if names.contains(&l.kernel) {
-                        l.grid = GridDim::fixed(v.blocks_for(tiles, target));
+                        l.grid = GridDim::fixed(v.blocks_for(&shipped, target));
                     }
                 }
             }
@@ -1929,28 +2012,35 @@ fn glm5_skinny_gemm_variants_are_timed() {
     // Every variant compiled first, on every core, into the cubin cache the runs then read.
     let sources: Vec<String> = cases
         .iter()
-        .flat_map(|(_, _, mm, _, tiles, variants)| {
+        .flat_map(|(_, _, mm, k, _, variants)| {
             variants
                 .iter()
-                .map(|v| variant_source(mm, dev.target, limits, &tweak(*v, *tiles)))
+                .map(|v| variant_source(mm, dev.target, limits, &tweak(*v, k.clone())))
         })
         .collect();
     compile_all(&dev, &sources);
     let mut report = format!(
-        "copy roofline measured in this run: {copy_gbs:.0} GB/s; variant = depth/blocks an SM/L2 prefetch, then the grid: `tiles` (a block per tile) or `pN` (persistent, N blocks), * = shipped\n\
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; variant = the tile (`Cc×W`: C columns a warp, W warps on K), depth/blocks an SM/L2 prefetch, then the grid: `tiles` (a block per tile) or `pN` (persistent, N blocks), * = shipped\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
     );
-    let name = |v: &SkinnyVariant, tiles: u64| {
+    let name = |v: &SkinnyVariant, k: &Kernel| {
         let grid = if v.persistent {
-            format!("p{}", v.blocks_for(tiles, target))
+            format!("p{}", v.blocks_for(k, target))
         } else {
             "tiles".to_string()
         };
-        format!("{}/{}/{} {grid}", v.depth, v.blocks, v.prefetch)
+        format!(
+            "{}c×{} {}/{}/{} {grid}",
+            8 * v.nt,
+            v.warps_k,
+            v.depth,
+            v.blocks,
+            v.prefetch
+        )
     };
     let mut shapes = Vec::new();
     let mut failures = Vec::new();
-    for (node, mini, mm, shipped, tiles, variants) in &cases {
+    for (node, mini, mm, kernel, shipped, variants) in &cases {
         let n = f.find(node).unwrap();
         let [heads, n_cols, k] = weight_shape(&f.node(f.operands(n)[1].node).outputs[0]);
         for rows in [1u64, 8] {
@@ -1959,7 +2049,8 @@ fn glm5_skinny_gemm_variants_are_timed() {
             let want = interpret(mm, mini, &ins).unwrap();
             let mut best: Option<(f64, SkinnyVariant)> = None;
             for v in variants {
-                let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &tweak(*v, *tiles));
+                let run =
+                    run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &tweak(*v, kernel.clone()));
                 let worst = worst_error(&run, &want, &b);
                 let err = match &worst {
                     Ok(e) => format!("{e:.1e}"),
@@ -1972,7 +2063,7 @@ fn glm5_skinny_gemm_variants_are_timed() {
                 let mark = if v == shipped { "*" } else { "" };
                 let line = format!(
                     "| {rows} | {node} | {heads} × {n_cols} × {k} | {}{mark} | {err} | {} |",
-                    name(v, *tiles),
+                    name(v, kernel),
                     t.cells()
                 );
                 println!("{line}");
@@ -1993,7 +2084,7 @@ fn glm5_skinny_gemm_variants_are_timed() {
             writeln!(
                 report,
                 "| {rows} | {node} | best | {} | | {:.1} | | | |",
-                name(&v, *tiles),
+                name(&v, kernel),
                 secs * 1e6
             )
             .unwrap();
