@@ -102,7 +102,7 @@ fn compile_dtype_f32_uses_only_f32_kernels_and_no_tensor_cores() {
 }
 
 /// bf16 is GLM-5's own dtype, so it is the default; its prefill matmuls run on the tensor
-/// cores (`gemm_mma`), its decode ones on the baselines.
+/// cores (`gemm_mma`), its decode ones too above 16 rows, and on the skinny GEMMs below.
 #[test]
 fn compile_dtype_bf16_is_the_glm5_default_and_uses_gemm_mma_in_prefill() {
     let tmp = tempfile::tempdir().unwrap();
@@ -128,12 +128,15 @@ fn compile_dtype_bf16_is_the_glm5_default_and_uses_gemm_mma_in_prefill() {
         .count();
     // Per layer at least the fused q_a/kv_a, q_b and o projections run on the tensor cores.
     assert!(prefill_mma >= 3 * 78, "{prefill_mma} gemm_mma launches");
-    assert_eq!(
-        launched(phase(&manifest, "decode"))
-            .filter(|k| mma.contains(k))
-            .count(),
-        0
-    );
+    let sixteen = glmc_codegen::expr::Bindings::from([("b".to_string(), 16)]);
+    let decode_mma: Vec<_> = phase(&manifest, "decode")
+        .launches()
+        .filter(|l| mma.contains(&l.kernel.as_str()))
+        .collect();
+    assert!(!decode_mma.is_empty());
+    assert!(decode_mma
+        .iter()
+        .all(|l| l.when.as_ref().and_then(|g| g.holds(&sixteen)) == Some(false)));
 
     let (_, stderr) = compile_glm5(&default, &[]);
     assert!(

@@ -89,6 +89,8 @@ pub struct NodeCtx<'a> {
     /// The tile of every tiled tensor-core GEMM (a variant being timed), or None for the shipped
     /// one of its K ([`shipped_tiled_gemm`]).
     pub tiled_gemm: Option<TiledGemm>,
+    /// What a decode GEMM runs above 16 rows ([`Variant::DecodeGemm`]; [`DECODE_GEMM`] shipped).
+    pub decode_gemm: DecodeGemm,
     /// The fewest 32-key tiles a split of the sparse absorbed attention holds, where its top-k
     /// bounds the keys ([`Variant::MlaTilesPerSplit`]; [`MLA_SPARSE_TILES_PER_SPLIT`] shipped).
     pub mla_tiles_per_split: u64,
@@ -1182,6 +1184,73 @@ pub fn shipped_tiled_gemm(k: u64) -> TiledGemm {
     }
 }
 
+/// The tiled GEMM's tile for a decode batch of 17 to 64 rows: one 64-row tile (a 128-row one
+/// would be half empty or more), 128 columns on 8 warps of 32 × 32, K steps of 32 through a
+/// 4-stage ring (48 KiB: two blocks an SM on SM120, and 12 KiB a stage of which three are in
+/// flight, 36 KiB a block). At these rows a GEMM is bound by its weight's bytes, and the 64-row
+/// skinny GEMM it replaces reads x (64 rows) for every 16 weight columns: four bytes of x from L2
+/// for each weight byte from DRAM (GLM-5's lm_head at 64 rows: 1392 µs against torch.matmul's
+/// 468 on an H200, bench/RESULTS.md); here half a byte. Where a weight's 128-column tiles are
+/// too few to fill the GPU, K is split ([`k_splits`]).
+pub const DECODE_TILED_GEMM: TiledGemm = TiledGemm {
+    bm: 64,
+    bn: 128,
+    warps_m: 2,
+    warps_n: 4,
+    bk: 32,
+    stages: 4,
+    min_blocks: 2,
+    group: 1,
+};
+
+/// What a decode GEMM runs above 16 rows (up to 16 the 16-row skinny GEMMs run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeGemm {
+    /// The 64-row skinny GEMM (`gemm_skinny.cu`), the tiles of 64 × 16.
+    Skinny,
+    /// The tiled GEMM on this tile, split over K where its tiles are few ([`k_splits`]).
+    Tiled(TiledGemm),
+}
+
+/// The decode GEMM that ships above 16 rows.
+pub const DECODE_GEMM: DecodeGemm = DecodeGemm::Tiled(DECODE_TILED_GEMM);
+
+/// What the decode GEMM sweep (`glm5_decode_gemm_variants_are_timed`) times besides
+/// [`DECODE_GEMM`]: the skinny GEMM it replaced, 64-column tiles on 4 warps at four blocks an SM
+/// (twice the tiles, so fewer splits; a 6-stage ring), and 256-column tiles at one block an SM
+/// (x read once for 256 weight columns).
+pub const DECODE_GEMM_VARIANTS: [DecodeGemm; 3] = [
+    DecodeGemm::Skinny,
+    DecodeGemm::Tiled(TiledGemm {
+        bn: 64,
+        warps_n: 2,
+        stages: 6,
+        min_blocks: 4,
+        ..DECODE_TILED_GEMM
+    }),
+    DecodeGemm::Tiled(TiledGemm {
+        bn: 256,
+        stages: 3,
+        min_blocks: 1,
+        ..DECODE_TILED_GEMM
+    }),
+];
+
+/// K steps a split takes at least, so that its ring's fill and the partial sums it stores and
+/// the reduce reads stay small against its weight bytes (8 steps of 32 on a 128-column tile:
+/// 64 KiB of weight for 32 KiB of f32 partial sums).
+const MIN_SPLIT_STEPS: u64 = 8;
+
+/// The ways K of a tiled GEMM of `tiles` output tiles (one row tile) and `steps` K steps is
+/// split at `per_sm` blocks an SM on `target`: the most for which every block is resident at
+/// once (no second wave to wait for), each split at least [`MIN_SPLIT_STEPS`]; one where the
+/// tiles alone fill the GPU. GLM-5 at 64 rows on an H200 (264 slots): o_proj's 48 tiles of 512
+/// steps split 5 ways, the dense MLP's gate 96 tiles 2 ways, the lm_head's 1210 tiles not at all.
+pub fn k_splits(tiles: u64, steps: u64, per_sm: u64, target: Target) -> u64 {
+    let slots = u64::from(target.sm_count()) * per_sm.max(1);
+    (slots / tiles.max(1)).min(steps / MIN_SPLIT_STEPS).max(1)
+}
+
 const fn tiled(v: TiledGemm) -> GemmTile {
     GemmTile {
         template: TILED_TEMPLATE,
@@ -1475,16 +1544,18 @@ fn gemm_tile(
 /// Rows up to which the 16-row skinny GEMM runs (its tile). In a prefill it replaces the tiled
 /// GEMM there: measured on an H200 (tests/gpu/README.md), at 1 and 8 rows the tiled kernel's
 /// 128-row tiles leave most of the GPU idle (GLM-5's o_proj: 261 us against the skinny kernel's
-/// 100), while at 64 rows neither wins everywhere. In a decode it replaces the 64-row skinny one.
+/// 100), while at 64 rows neither wins everywhere. In a decode it replaces the 64-row tiled one
+/// ([`DECODE_GEMM`]).
 const NARROW_GEMM_ROWS: i64 = 16;
 
 /// `matmul`, `matmul.heads` (`heads`: one weight matrix per head, x and y `[.., H, d]`) and
 /// `matmul.rope` (`rope`: a rotation of some columns at the row's position, as an epilogue). On
 /// the tensor cores a node gets two kernels and the row count at run time picks: the 16-row
-/// skinny one for up to 16 rows, and above that the tiled one (a prefill) or the 64-row skinny
-/// one (a decode batch).
+/// skinny one for up to 16 rows, and above that the tiled one (a prefill: 128-row tiles; a decode
+/// batch: [`DECODE_GEMM`], a 64-row tile split over K where its tiles are few, which is two
+/// launches).
 fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowering, String> {
-    let (mut wide, rows) = matmul(cx, heads, rope, None, None)?;
+    let (wide, rows) = matmul(cx, heads, rope, None, None, None)?;
     let template = wide.spec.template;
     if template != TILED_TEMPLATE && template != SKINNY_GEMM.template {
         return Ok(Lowering::Launch(wide));
@@ -1513,7 +1584,7 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
         17..=64 if many_tiles => SKINNY_GEMM_16_STREAMED,
         _ => SKINNY_GEMM_16,
     };
-    let (mut narrow, _) = matmul(cx, heads, rope, Some(narrow_tile), None)?;
+    let (mut narrow, _) = matmul(cx, heads, rope, Some(narrow_tile), None, None)?;
     let narrow_sources = cx.sources.take();
     // A row count known to fit the narrow tile (the prefill's last-position lm_head) needs no
     // wide kernel beside it.
@@ -1521,23 +1592,95 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
         cx.sources.replace(narrow_sources);
         return Ok(Lowering::Launch(narrow));
     }
+    let mut wide = match cx.decode_gemm {
+        DecodeGemm::Tiled(t) if template == SKINNY_GEMM.template => {
+            split_tiled(cx, heads, rope, t)?
+        }
+        _ => vec![(wide, wide_sources)],
+    };
     narrow.when = Some(Guard::at_most(rows.clone(), NARROW_GEMM_ROWS));
-    wide.when = Some(Guard::above(rows, NARROW_GEMM_ROWS));
-    Ok(Lowering::Launches(vec![
-        (narrow, narrow_sources),
-        (wide, wide_sources),
-    ]))
+    for (launch, _) in &mut wide {
+        launch.when = Some(Guard::above(rows.clone(), NARROW_GEMM_ROWS));
+    }
+    wide.insert(0, (narrow, narrow_sources));
+    Ok(Lowering::Launches(wide))
+}
+
+/// One launch of a tiled GEMM split `splits` ways over K (`gemm_mma.cu`): the partial sums of
+/// every split into `partials`, or (`reduce`) their sum through the epilogue.
+#[derive(Clone, Copy)]
+struct SplitK {
+    splits: u64,
+    reduce: bool,
+    partials: Scratch,
+}
+
+/// The tiled GEMM on tile `t` for the node, split over K as [`k_splits`] says: one launch, or the
+/// partial and the reduce launches with a scratch buffer of f32 partial sums between them (a
+/// tile's splits × 64 × 128 floats a row tile).
+fn split_tiled(
+    cx: &NodeCtx,
+    heads: bool,
+    rope: Option<&RopeColumns>,
+    t: TiledGemm,
+) -> Result<Vec<(Planned, Vec<Source>)>, String> {
+    let (x, w) = (&cx.operands[0], &cx.operands[1]);
+    let rank = w.shape.len();
+    let (k, n) = (
+        const_dim(w, rank - 1, "the weight")?,
+        const_dim(w, rank - 2, "the weight")?,
+    );
+    let h = if heads {
+        const_dim(w, 0, "the weight")?
+    } else {
+        1
+    };
+    let tiles = permuted_columns(n, rope).div_ceil(t.bn) * h;
+    let splits = k_splits(tiles, k.div_ceil(t.bk), t.min_blocks, cx.target);
+    if splits == 1 {
+        let (whole, _) = matmul(cx, heads, rope, Some(tiled(t)), None, None)?;
+        return Ok(vec![(whole, cx.sources.take())]);
+    }
+    // Whole row tiles: at most rows + bm - 1 rows.
+    let rows = lead(x, if heads { 2 } else { 1 }, "x")?.rows;
+    let partials = cx.scratch(
+        DType::F32,
+        rows.add(&Poly::constant(t.bm as i64 - 1))
+            .scale((tiles * splits * t.bn) as i64),
+    );
+    let mut launches = Vec::new();
+    for reduce in [false, true] {
+        let split = SplitK {
+            splits,
+            reduce,
+            partials,
+        };
+        let (launch, _) = matmul(cx, heads, rope, Some(tiled(t)), None, Some(split))?;
+        launches.push((launch, cx.sources.take()));
+    }
+    Ok(launches)
+}
+
+/// The columns a GEMM's tiles walk: `n`, or under rope each block of `period` columns padded to
+/// an even width (see gemm_head.cuh).
+fn permuted_columns(n: u64, rope: Option<&RopeColumns>) -> u64 {
+    match rope {
+        Some(r) if r.period > 0 => n / r.period * (r.period + r.period % 2),
+        _ => n,
+    }
 }
 
 /// One GEMM kernel for the node (`tile`, or the one [`gemm_tile`] picks) and its row count.
 /// With `argmax` (`matmul.argmax`) it stores no output: its epilogue folds each row's logits
-/// into that scratch buffer's per-row slot (see `gemm_argmax.cu`).
+/// into that scratch buffer's per-row slot (see `gemm_argmax.cu`). With `split` (a tiled tile)
+/// it is one of the two launches of a GEMM split over K.
 fn matmul(
     cx: &NodeCtx,
     heads: bool,
     rope: Option<&RopeColumns>,
     tile: Option<GemmTile>,
     argmax: Option<Scratch>,
+    split: Option<SplitK>,
 ) -> Result<(Planned, Poly), String> {
     let (y, x, w) = (&cx.outputs[0], &cx.operands[0], &cx.operands[1]);
     if !w.is_contiguous() {
@@ -1598,6 +1741,13 @@ fn matmul(
     for (k, v) in tile.params.iter().chain(tiled_params.iter().flatten()) {
         b = b.param(k, v);
     }
+    if tile.tiled.is_some() {
+        let (splits, part) = match split {
+            None => (1, "whole"),
+            Some(s) => (s.splits, if s.reduce { "reduce" } else { "partial" }),
+        };
+        b = b.param("splits", splits).param("part", part);
+    }
     if tile.template == SIMT_GEMV.template {
         let k_poly = Poly::constant(k as i64);
         let v = vector_width(
@@ -1623,6 +1773,9 @@ fn matmul(
         int("x_head", x_head),
         cx.ptr("w", w),
     ]);
+    if let Some(s) = split {
+        args.push(cx.scratch_ptr("partials", s.partials));
+    }
     if let Some(r) = rope {
         let fits = r.period > 0
             && n % r.period == 0
@@ -1641,7 +1794,7 @@ fn matmul(
             .iter()
             .map(|f| format!("{f:e}"))
             .collect();
-        cols = n / r.period * (r.period + r.period % 2);
+        cols = permuted_columns(n, rope);
         b = b
             .param("period", r.period)
             .param("start", r.start)
@@ -1655,9 +1808,14 @@ fn matmul(
         args.push(int("rows_per_position", per_position));
     }
     args.push(int("rows", xl.rows.clone()));
-    // Whole row tiles times the column tiles of every head, or the persistent grid for one row
-    // tile (the 16-row tiles' rows): its blocks walk every tile, so more rows still compute.
-    let col_tiles = cols.div_ceil(tile.cols) * h;
+    // Whole row tiles times the column tiles of every head (times the splits, in a partial
+    // kernel), or the persistent grid for one row tile (the 16-row tiles' rows): its blocks walk
+    // every tile, so more rows still compute.
+    let splits = match split {
+        Some(s) if !s.reduce => s.splits,
+        _ => 1,
+    };
+    let col_tiles = cols.div_ceil(tile.cols) * h * splits;
     let grid = if tile.template == PERSISTENT_SKINNY {
         let per_sm = tile
             .params
@@ -1719,7 +1877,7 @@ fn gemm_argmax(cx: &NodeCtx) -> Result<Lowering, String> {
         vec![cx.scratch_ptr("best", best), int("rows", rows.clone())],
     );
     let init_sources = cx.sources.take();
-    let (gemm, _) = matmul(cx, false, None, Some(tile), Some(best))?;
+    let (gemm, _) = matmul(cx, false, None, Some(tile), Some(best), None)?;
     let gemm_sources = cx.sources.take();
     let finish = stage("finish").planned(
         grid,
@@ -1939,8 +2097,11 @@ pub const MLA_SPARSE_TILES_PER_SPLIT: u64 = 2;
 /// ([`crate::lower::lower_module_with`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Variant {
-    /// Every tiled tensor-core GEMM takes this tile ([`shipped_tiled_gemm`] otherwise).
+    /// Every tiled tensor-core GEMM of many rows takes this tile ([`shipped_tiled_gemm`]
+    /// otherwise).
     TiledGemm(TiledGemm),
+    /// Every decode GEMM above 16 rows runs this ([`DECODE_GEMM`] otherwise).
+    DecodeGemm(DecodeGemm),
     /// Every split of the sparse absorbed attention holds at least this many 32-key tiles
     /// ([`MLA_SPARSE_TILES_PER_SPLIT`] otherwise).
     MlaTilesPerSplit(u64),

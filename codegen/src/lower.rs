@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use crate::expr::{Bindings, Poly};
 use crate::kernels::{
-    self, Lowering, NodeCtx, Planned, Source, Variant, MLA_SPARSE_TILES_PER_SPLIT,
+    self, Lowering, NodeCtx, Planned, Source, Variant, DECODE_GEMM, MLA_SPARSE_TILES_PER_SPLIT,
 };
 use crate::layout::{Buf, TensorRef};
 use crate::schedule::{ArgValue, Collective, CollectiveOp, Kernel, Launch, Phase, Step};
@@ -768,6 +768,10 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 tiled_gemm: match st.variant {
                     Some(Variant::TiledGemm(t)) => Some(t),
                     _ => None,
+                },
+                decode_gemm: match st.variant {
+                    Some(Variant::DecodeGemm(d)) => d,
+                    _ => DECODE_GEMM,
                 },
                 mla_tiles_per_split: match st.variant {
                     Some(Variant::MlaTilesPerSplit(n)) => n,

@@ -125,6 +125,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, {{ min_blocks | defa
 {%- endif %}
     const {{ x_t }}* __restrict__ x, i64 x_outer, i64 x_row, i64 x_inner_rows, i64 x_head,
     const {{ w_t }}* __restrict__ w,
+{%- if part | default(value="whole") != "whole" %}
+    float* __restrict__ partials,
+{%- endif %}
 {%- if rope %}
     const i64* __restrict__ positions, i64 rows_per_position,
 {%- endif %}

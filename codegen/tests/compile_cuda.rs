@@ -5,7 +5,7 @@
 mod common;
 
 use common::{dense_module, lowered, module, module_with, LIMITS, MODELS};
-use glmc_codegen::kernels::TILED_GEMM_VARIANTS;
+use glmc_codegen::kernels::{DECODE_GEMM_VARIANTS, TILED_GEMM_VARIANTS};
 use glmc_codegen::nvcc::{self, parse_ptxas};
 use glmc_codegen::{lower_module, lower_module_with, render, Target, Variant};
 use glmc_ir::DType;
@@ -69,32 +69,39 @@ fn every_generated_kernel_compiles_without_local_memory() {
 }
 
 /// Every tile the tiled GEMM's sweep times (`glm5_tiled_gemm_variants_are_timed` in
-/// runtime/tests/gpu_kernels.rs) compiles for both targets on every GLM-5 GEMM shape with no
-/// local memory, so the sweep's winner is a one-line change.
+/// runtime/tests/gpu_kernels.rs), and every decode GEMM the decode sweep times
+/// (`glm5_decode_gemm_variants_are_timed`: the 64-row skinny GEMM and the tiled decode tiles,
+/// split over K), compiles for both targets on every GLM-5 GEMM shape with no local memory, so
+/// the sweep's winner is a one-line change.
 #[test]
 fn every_tiled_gemm_variant_compiles_without_local_memory() {
     let nvcc = compiler();
     let (_, glm5) = module("glm5.ron");
+    let variants = TILED_GEMM_VARIANTS
+        .map(Variant::TiledGemm)
+        .into_iter()
+        .chain(DECODE_GEMM_VARIANTS.map(Variant::DecodeGemm));
     for target in [Target::Sm120a, Target::Sm90a] {
-        for v in TILED_GEMM_VARIANTS {
-            let mut l = lower_module_with(&glm5, target, LIMITS, Variant::TiledGemm(v)).unwrap();
-            l.kernels.retain(|k| k.template == "gemm_mma");
+        for v in variants.clone() {
+            let mut l = lower_module_with(&glm5, target, LIMITS, v).unwrap();
+            l.kernels
+                .retain(|k| k.template == "gemm_mma" || k.template == "gemm_skinny");
             let source = render::render(&l.kernels).unwrap();
             let compiled =
                 nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
-                    .unwrap_or_else(|e| panic!("{v} for {target}: {e}"));
+                    .unwrap_or_else(|e| panic!("{v:?} for {target}: {e}"));
             let usage = parse_ptxas(&compiled.ptxas);
             for k in &l.kernels {
                 let u = usage.iter().find(|u| u.name == k.name).unwrap();
-                println!("{v} {target}: {u}");
+                println!("{v:?} {target}: {u}");
                 assert_eq!(
                     (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
                     (0, 0, 0),
-                    "{v} {target}: {u}"
+                    "{v:?} {target}: {u}"
                 );
                 assert!(
                     k.shared_bytes <= target.tile_shared_memory_limit(),
-                    "{v}: {u}"
+                    "{v:?}: {u}"
                 );
             }
         }

@@ -355,8 +355,8 @@ fn dsa_topk_takes_sixteen_blocks_a_row_for_few_rows() {
 }
 
 /// A bf16 GEMM has two kernels with complementary guards on the row count: the 16-row skinny
-/// one for up to 16 rows, and for more the tiled one (prefill) or the 64-row skinny one
-/// (decode).
+/// one for up to 16 rows, and for more the tiled one (128-row tiles in a prefill, 64-row ones in
+/// a decode; a K of 64 is not split).
 #[test]
 fn prefill_gemms_pick_their_kernel_by_row_count() {
     use glmc_codegen::expr::Bindings;
@@ -391,10 +391,8 @@ fn prefill_gemms_pick_their_kernel_by_row_count() {
         .filter(|x| x.node == node)
         .collect();
     assert_eq!(decode.len(), 2);
-    assert!(decode
-        .iter()
-        .all(|x| x.kernel.starts_with("glmc_gemm_skinny_")));
-    assert_ne!(decode[0].kernel, decode[1].kernel);
+    assert!(decode[0].kernel.starts_with("glmc_gemm_skinny_"));
+    assert!(decode[1].kernel.starts_with("glmc_gemm_mma_"));
     for b in [1u64, 16, 17, 64] {
         let bindings = Bindings::from([("b".to_string(), b)]);
         let runs: Vec<usize> = (0..2)
@@ -402,6 +400,63 @@ fn prefill_gemms_pick_their_kernel_by_row_count() {
             .collect();
         assert_eq!(runs, [usize::from(b > 16)], "b={b}");
     }
+}
+
+/// Above 16 rows GLM-5's decode o_proj (6144 × 16384: 48 tiles of 128 columns) takes the tiled
+/// GEMM split 5 ways over K on an H200's 264 slots (7 on SM120's 376): the partial and the
+/// reduce launches, both guarded by the rows; the lm_head (1210 tiles) is not split, and the
+/// skinny variant runs the 64-row skinny GEMM.
+#[test]
+fn glm5_decode_gemms_split_k_where_their_tiles_are_few() {
+    use glmc_codegen::expr::Bindings;
+    use glmc_codegen::kernels::{DecodeGemm, Variant};
+    let (_, m) = module("glm5.ron");
+    let limits = glmc_codegen::Limits {
+        max_prefill_tokens: 64,
+        max_batch: 64,
+        max_context: 4096,
+    };
+    let wide = |l: &glmc_codegen::Lowered, node: &str| -> Vec<(String, Option<String>)> {
+        let b = Bindings::from([("b".to_string(), 64)]);
+        phase(l, "decode")
+            .launches()
+            .filter(|x| x.node == node && x.when.as_ref().unwrap().holds(&b) == Some(true))
+            .map(|x| {
+                let k = l.kernels.iter().find(|k| k.name == x.kernel).unwrap();
+                (k.template.clone(), k.params.get("splits").cloned())
+            })
+            .collect()
+    };
+    let o_proj = "model.layers.0.self_attn.o_proj";
+    for (target, splits) in [(Target::Sm90a, "5"), (Target::Sm120a, "7")] {
+        let l = lower_module(&m, target, limits).unwrap();
+        let mma = || ("gemm_mma".to_string(), Some(splits.to_string()));
+        assert_eq!(wide(&l, o_proj), [mma(), mma()], "{target}");
+        let parts: Vec<_> = phase(&l, "decode")
+            .launches()
+            .filter(|x| x.node == o_proj && x.kernel.starts_with("glmc_gemm_mma_"))
+            .map(|x| {
+                &l.kernels
+                    .iter()
+                    .find(|k| k.name == x.kernel)
+                    .unwrap()
+                    .params["part"]
+            })
+            .collect();
+        assert_eq!(parts, ["partial", "reduce"]);
+        assert_eq!(
+            wide(&l, "lm_head"),
+            [("gemm_mma".to_string(), Some("1".to_string()))]
+        );
+    }
+    let l = glmc_codegen::lower_module_with(
+        &m,
+        Target::Sm90a,
+        limits,
+        Variant::DecodeGemm(DecodeGemm::Skinny),
+    )
+    .unwrap();
+    assert_eq!(wide(&l, o_proj), [("gemm_skinny".to_string(), None)]);
 }
 
 /// GLM-5's absorbed attention (bf16, 64 heads of 512 + 64) takes the tensor-core kernel: per

@@ -23,8 +23,8 @@ use std::path::PathBuf;
 use glmc_codegen::artifact::{self, WeightEntry};
 use glmc_codegen::expr::{Bindings, GridDim, Guard};
 use glmc_codegen::kernels::{
-    narrow_weight_columns, persistent_blocks, shipped_tiled_gemm, TiledGemm, TILED_GEMM,
-    TILED_GEMM_VARIANTS,
+    narrow_weight_columns, persistent_blocks, shipped_tiled_gemm, DecodeGemm, TiledGemm,
+    DECODE_GEMM, DECODE_GEMM_VARIANTS, TILED_GEMM, TILED_GEMM_VARIANTS,
 };
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Kernel, Phase, Step};
@@ -2235,6 +2235,133 @@ fn glm5_tiled_gemm_variants_are_timed() {
         }
     }
     finish_sweep("tiled", &report, &shapes, &failures);
+}
+
+/// Every GLM-5 decode GEMM above 16 rows (one node per distinct kernel) at 64 rows in
+/// [`DECODE_GEMM`] and each of [`DECODE_GEMM_VARIANTS`] (the 64-row skinny GEMM among them):
+/// each variant checked against the interpreter and timed as issue 14 times a decode GEMM
+/// (weights from DRAM, back to back in a CUDA graph; a split GEMM's partial and reduce launches
+/// together). Writes `decode64.md` (every variant with its K splits, the fraction of the roofline,
+/// the shipped one marked, the best per node) and `decode64.json` (the shipped and the best
+/// variant of each node, for `scripts/torch_gemm.py`), so that the winner is read off a
+/// measurement.
+#[test]
+#[ignore = "gpu"]
+fn glm5_decode_gemm_variants_are_timed() {
+    let dev = Device::open();
+    let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut rng = Rng(6464);
+    let limits = Limits {
+        max_prefill_tokens: 64,
+        max_batch: 64,
+        max_context: 4096,
+    };
+    let module = model("glm5.ron");
+    let lower = |v: DecodeGemm| {
+        move |m: &Module, t, l| lower_module_with(m, t, l, Variant::DecodeGemm(v)).unwrap()
+    };
+    // The tiled GEMMs of the batch's rows (the first launch of a split one): the kernels a
+    // decode runs above 16 rows.
+    let batch = glmc_ir::Dim::Sym("b".into());
+    let cases: Vec<Picked> = distinct_launches(
+        &dev,
+        std::slice::from_ref(&module),
+        "decode",
+        limits,
+        "decode64",
+        &|k| k.template == "gemm_mma" && k.params["part"] != "reduce",
+    )
+    .into_iter()
+    .filter(|p| p.f.node(p.n).outputs[0].shape.first() == Some(&batch))
+    .collect();
+    let variants: Vec<DecodeGemm> = std::iter::once(DECODE_GEMM)
+        .chain(DECODE_GEMM_VARIANTS)
+        .collect();
+    let sources: Vec<String> = cases
+        .iter()
+        .flat_map(|p| {
+            variants
+                .iter()
+                .map(|v| variant_source(&p.module, dev.target, limits, &lower(*v)))
+        })
+        .collect();
+    compile_all(&dev, &sources);
+    // A variant as the lowering ran it on a node: the tile and the ways K was split.
+    let name = |v: DecodeGemm, mm: &Module| match v {
+        DecodeGemm::Skinny => "skinny 64x16".to_string(),
+        DecodeGemm::Tiled(t) => {
+            let lowered = lower(v)(mm, dev.target, limits);
+            let splits = lowered
+                .kernels
+                .iter()
+                .find(|k| k.template == "gemm_mma")
+                .map_or("?".to_string(), |k| k.params["splits"].clone());
+            format!("{t} K/{splits}")
+        }
+    };
+    let mut report = format!(
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; \
+         variant = the 64-row skinny GEMM, or the tiled one's block tile, warps, K step, stages, blocks an SM, row tiles a group and K splits; * = shipped\n\
+         | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut shapes = Vec::new();
+    let mut failures = Vec::new();
+    let rows = 64u64;
+    for p in &cases {
+        let (node, mini, mm) = (&p.node, &p.mini, &p.module);
+        let [heads, n_cols, k] = weight_shape(&p.f.node(p.f.operands(p.n)[1].node).outputs[0]);
+        let b = Bindings::from([("b".into(), rows), ("t".into(), 4096)]);
+        let ins = inputs(mini, &b, &mut rng, 154_880, 4096);
+        let want = interpret(mm, mini, &ins).unwrap();
+        let mut best: Option<(f64, String)> = None;
+        for &v in &variants {
+            let label = name(v, mm);
+            let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &lower(v));
+            let err = match worst_error(&run, &want, &b) {
+                Ok(e) => format!("{e:.1e}"),
+                Err(e) => {
+                    failures.push(format!("{node} variant {label}: {e}"));
+                    "FAIL".to_string()
+                }
+            };
+            let t = timed(&run, mini, &b, copy_gbs);
+            let shipped = v == DECODE_GEMM;
+            let mark = if shipped { "*" } else { "" };
+            let line = format!(
+                "| {rows} | {node} | {heads} × {n_cols} × {k} | {label}{mark} | {err} | {} |",
+                t.cells()
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
+            let json = |tag: &str| {
+                format!(
+                    "{{\"phase\": \"decode\", \"node\": \"{node} [{tag}]\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"bf16\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}}}",
+                    t.secs * 1e6,
+                    t.moved,
+                    t.flops
+                )
+            };
+            if shipped {
+                shapes.push(json(&format!("shipped {label}")));
+            }
+            if best.as_ref().is_none_or(|(secs, _)| t.secs < *secs) && err != "FAIL" {
+                if !shipped {
+                    shapes.retain(|s| !s.contains(&format!("{node} [best ")));
+                    shapes.push(json(&format!("best {label}")));
+                }
+                best = Some((t.secs, label));
+            }
+        }
+        if let Some((secs, label)) = best {
+            writeln!(
+                report,
+                "| {rows} | {node} | best | {label} | | {:.1} | | | |",
+                secs * 1e6
+            )
+            .unwrap();
+        }
+    }
+    finish_sweep("decode64", &report, &shapes, &failures);
 }
 
 /// `shape` of values a bf16 holds exactly, uniform in [−1, 1) times `scale`.
