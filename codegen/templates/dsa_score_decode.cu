@@ -2,26 +2,26 @@
 // {{ heads }} heads of {{ dim }} dims, −inf for j > position, f32 throughout. Each row reads a
 // cache of its own, so the work is a stream of keys against a query a row: bandwidth bound.
 //
-// The grid is persistent (as many blocks as the target's SMs hold at once: two per SM of the
-// H200, one on SM120) over the rows' 128-key tiles, taken in (row, key) order. With {{ steal }}/8
-// of them stolen, the first tiles are split into one contiguous run per block, a block's run
-// crossing a row boundary at most a few times, and the rest are a pool that blocks claim one tile
-// at a time once their runs are done: equal runs need not finish together (an SM's share of DRAM
-// is not fixed), and with runs alone the GPU streams ever fewer tiles while the last runs end. A
-// claim is made an iteration before its copy is issued, so its atomic's round trip overlaps a
-// tile's MMAs. Where the runs would be shorter than the ring's prologue (or nothing is stolen)
-// all tiles are split into equal runs, and a short decode (one row of 8192 keys: 64 tiles) still
-// spreads one tile per SM. Setup is per row, not per block: the query's MMA fragments
-// ({{ heads }} × {{ dim }}, {{ a_regs }} registers a thread) and the head weights are read into
-// registers from global memory (L1/L2: every warp reads the same 8 KiB) when a tile of a new row
-// comes up, while the key copies stay in flight.
+// The grid is persistent (as many blocks as the target's SMs hold at once: two per SM of the H200,
+// one on SM120) over the rows' 128-key tiles, taken in (row, key) order. With {{ steal }}/8 of them
+// stolen, the first tiles are split into one contiguous run per block, a block's run crossing a row
+// boundary at most a few times, and the rest are a pool that blocks claim one tile at a time once
+// their runs are done: equal runs need not finish together (an SM's share of DRAM is not fixed),
+// and with runs alone the GPU streams ever fewer tiles while the last runs end. A claim is made an
+// iteration before its copy is issued, so the copies already in flight cover its atomic's round
+// trip. Where the runs would be shorter than the ring's prologue (or nothing is stolen) all tiles
+// are split into equal runs, and a short decode (one row of 8192 keys: 64 tiles) still spreads one
+// tile per SM. Setup is per row, not per block: the query's MMA fragments ({{ heads }} × {{ dim }},
+// {{ a_regs }} registers a thread) and the head weights are read into registers from global memory
+// (L1/L2: every warp reads the same 8 KiB) when a tile of a new row comes up, while the key copies
+// stay in flight.
 //
-// Keys go through a {{ stages }}-stage cp.async ring of 128-key tiles ({{ smem_kib }} KiB, all
-// the shared memory but the ring's tile numbers; rows of 8 16-byte chunks XOR-swizzled so ldmatrix reads no bank twice,
-// others padded by one chunk): while one tile is multiplied the next {{ stages }} − 1 are in
-// flight, 64 KiB a block for GLM-5's 128 dims, 128 KiB an SM at two blocks, past the ~32 KiB an
-// SM that the H200's bandwidth × latency asks for. Keys past the row's position are not read: a
-// tile wholly past it is −inf, written directly, with no copy and no MMA.
+// Keys go through a {{ stages }}-stage cp.async ring of 128-key tiles ({{ smem_kib }} KiB, all the
+// shared memory but the ring's tile numbers; rows of 8 16-byte chunks XOR-swizzled so ldmatrix
+// reads no bank twice, others padded by one chunk): while one tile is multiplied the next
+// {{ stages }} − 1 are in flight, 64 KiB a block for GLM-5's 128 dims, 128 KiB an SM at two blocks, past the
+// ~32 KiB an SM that the H200's bandwidth × latency asks for. Keys past the row's position are not
+// read: a tile wholly past it is −inf, written directly, with no copy and no MMA.
 //
 // Each warp takes 16 keys of a tile: {{ heads }} heads × 16 keys in m16n8k16 MMAs, and the same
 // register epilogue and summation order as `dsa_score_mma.cu` (relu, times w, summed over the
@@ -32,9 +32,10 @@ constexpr int BN = 128, THREADS = 256, WARPS = 8, WN = BN / WARPS, NI = WN / 8;
 constexpr int MI = H / 16, KK = D / 16, C = D / 8;
 constexpr int TILE = BN * (C % 8 == 0 ? C : C + 1) * 8;
 
-// The pool's next ticket and the blocks done with it: zero when a launch starts, since the last
-// block done resets both (launches of a kernel never overlap: each waits for the one before).
-__device__ unsigned pool_state[2];
+// The pool's next ticket, zero when a launch starts: each block claims until a claim comes back
+// empty, once, so the launch's last claim is ticket pool + blocks − 1, and its block resets it
+// (launches of a kernel never overlap: each waits for the one before).
+__device__ unsigned pool_ticket;
 
 __device__ __forceinline__ int at(int r, int c) {
     if constexpr (C % 8 == 0) return (r * C + (c ^ (r & 7))) * 8;
@@ -107,13 +108,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
         const int c = claimed[p & 1];
         return c < pool ? pool_begin + c : -1;
     };
-    // Thread 0 claims for position p once the run is done, until a claim comes back empty.
+    // Thread 0 claims for position p once the run is done, until a claim comes back empty, and
+    // writes the ticket where every thread reads it an iteration later (`pool`: none).
     bool claiming = true;
     auto claim = [&](int p) {
-        if (!claiming || p < s_n) return pool;
-        const int c = (int)atomicAdd(&pool_state[0], 1u);
-        claiming = c < pool;
-        return c;
+        return claiming && p >= s_n ? (int)atomicAdd(&pool_ticket, 1u) : pool;
+    };
+    auto publish = [&](int p, int c) {
+        claimed[p & 1] = c;
+        if (p >= s_n) claiming = c < pool;
+        if (c == pool + (int)gridDim.x - 1) pool_ticket = 0;
     };
 
     // Fragment (mi, kk) of the query: a0..a3 are heads mi·16 + g (+ 8 for a1, a3) at dims
@@ -145,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
         if (tid == 0) stage_tile[s] = t;
         cp_async_commit();
     }
-    if (steal && tid == 0) claimed[(STAGES - 1) & 1] = claim(STAGES - 1);
+    if (steal && tid == 0) publish(STAGES - 1, claim(STAGES - 1));
     // The first row's query is read while its first keys are in flight.
     int a_row = s_begin / per_row;
     load_query(a_row);
@@ -162,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
             if (tid == 0) stage_tile[p % STAGES] = next;
             cp_async_commit();
         }
-        // Read back after the tile's MMAs, so that its round trip overlaps them.
+        // Shared an iteration later, once every thread has read the last claim.
         const int ticket = steal && tid == 0 ? claim(kt + STAGES) : pool;
 
         const int row = t / per_row, j_begin = t % per_row * BN;
@@ -217,12 +221,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
                 }
             }
         }
-        if (steal && tid == 0) claimed[(kt + STAGES) & 1] = ticket;
-    }
-    // Every block's last claim came back empty before it counts itself done, so the last one
-    // done knows no claim is left to come.
-    if (steal && tid == 0 && atomicAdd(&pool_state[1], 1u) == gridDim.x - 1) {
-        atomicExch(&pool_state[0], 0u);
-        atomicExch(&pool_state[1], 0u);
+        if (steal && tid == 0) publish(kt + STAGES, ticket);
     }
 }
