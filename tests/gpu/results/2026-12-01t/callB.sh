@@ -11,8 +11,8 @@ trap 'tar czf "$OUT/r.tgz" -C "$OUT" r' EXIT
 t0=$SECONDS
 log() { echo "$1: exit $2 at $((SECONDS - t0)) s" | tee -a "$R/times.txt"; }
 export GLMC_GPU_OUT="$R"
-timeout 120 .gpu/gpu_kernels --ignored --nocapture --exact top_p_sampling_on_the_gpu_has_the_nucleus_distribution >"$R/sampling.txt" 2>&1; log sampling $?
-timeout 200 .gpu/gpu_kernels --ignored --nocapture --exact glm5_skinny_gemm_variants_are_timed >"$R/skinny.txt" 2>&1; log skinny $?
-[ -f "$R/skinny.json" ] && { timeout 60 python3 scripts/torch_gemm.py "$R/skinny.json" "$R/skinny_torch.md" "$R/gemv.json" >/dev/null 2>&1; log torch-skinny $?; }
-timeout 150 .gpu/gpu_kernels --ignored --nocapture --exact glm5_indexer_matches_and_is_timed >"$R/indexer.txt" 2>&1; log indexer $?
-timeout 120 .gpu/gpu_kernels --ignored --nocapture --exact glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed >"$R/moe.txt" 2>&1; log moe $?
+timeout 90 .gpu/gpu_kernels --ignored --nocapture --exact top_p_sampling_on_the_gpu_has_the_nucleus_distribution >"$R/sampling.txt" 2>&1; log sampling $?
+timeout 180 .gpu/gpu_kernels --ignored --nocapture --exact glm5_skinny_gemm_variants_are_timed >"$R/skinny.txt" 2>&1; log skinny $?
+[ -f "$R/skinny.json" ] && { timeout 45 python3 scripts/torch_gemm.py "$R/skinny.json" "$R/skinny_torch.md" "$R/gemv.json" >/dev/null 2>&1; log torch-skinny $?; }
+timeout 140 .gpu/gpu_kernels --ignored --nocapture --exact glm5_indexer_matches_and_is_timed >"$R/indexer.txt" 2>&1; log indexer $?
+timeout 100 .gpu/gpu_kernels --ignored --nocapture --exact glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed >"$R/moe.txt" 2>&1; log moe $?
