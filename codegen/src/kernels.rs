@@ -15,7 +15,6 @@ use crate::schedule::{Arg, ArgValue};
 use crate::target::Target;
 
 mod prefill;
-pub use prefill::SCORE_DECODE_STEAL;
 
 /// Threads per block of the one-thread-per-element kernels: enough warps to hide latency, small
 /// enough that a tail block wastes little.
@@ -95,9 +94,6 @@ pub struct NodeCtx<'a> {
     /// The fewest 32-key tiles a split of the sparse absorbed attention holds, where its top-k
     /// bounds the keys ([`Variant::MlaTilesPerSplit`]; [`MLA_SPARSE_TILES_PER_SPLIT`] shipped).
     pub mla_tiles_per_split: u64,
-    /// Eighths of the decode indexer's key tiles its blocks claim one at a time
-    /// ([`Variant::ScoreSteal`]; [`SCORE_DECODE_STEAL`] shipped).
-    pub score_steal: u64,
     /// A prefill's `slot` input, where its `cache.update`s name one: the cache slot whose
     /// caches the node's cache operands are, read on the device so that a launch does not
     /// depend on it.
@@ -2109,9 +2105,6 @@ pub enum Variant {
     /// Every split of the sparse absorbed attention holds at least this many 32-key tiles
     /// ([`MLA_SPARSE_TILES_PER_SPLIT`] otherwise).
     MlaTilesPerSplit(u64),
-    /// The decode indexer's blocks claim this many eighths of its key tiles one at a time, at
-    /// most 7 (0: equal runs only; [`SCORE_DECODE_STEAL`] otherwise).
-    ScoreSteal(u64),
 }
 /// Threads of the merge kernel: 4 of the 512 latent columns each.
 const MLA_MERGE_THREADS: u32 = 128;

@@ -31,7 +31,6 @@ use sha2::{Digest, Sha256};
 use crate::expr::{Bindings, Poly};
 use crate::kernels::{
     self, Lowering, NodeCtx, Planned, Source, Variant, DECODE_GEMM, MLA_SPARSE_TILES_PER_SPLIT,
-    SCORE_DECODE_STEAL,
 };
 use crate::layout::{Buf, TensorRef};
 use crate::schedule::{ArgValue, Collective, CollectiveOp, Kernel, Launch, Phase, Step};
@@ -777,10 +776,6 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 mla_tiles_per_split: match st.variant {
                     Some(Variant::MlaTilesPerSplit(n)) => n,
                     _ => MLA_SPARSE_TILES_PER_SPLIT,
-                },
-                score_steal: match st.variant {
-                    Some(Variant::ScoreSteal(n)) => n,
-                    _ => SCORE_DECODE_STEAL,
                 },
                 slot: st.slot(),
                 limits: &st.bindings,

@@ -2,40 +2,30 @@
 // {{ heads }} heads of {{ dim }} dims, −inf for j > position, f32 throughout. Each row reads a
 // cache of its own, so the work is a stream of keys against a query a row: bandwidth bound.
 //
-// The grid is persistent (as many blocks as the target's SMs hold at once: two per SM of the H200,
-// one on SM120) over the rows' 128-key tiles, taken in (row, key) order. With {{ steal }}/8 of them
-// stolen, the first tiles are split into one contiguous run per block, a block's run crossing a row
-// boundary at most a few times, and the rest are a pool that blocks claim one tile at a time once
-// their runs are done: equal runs need not finish together (an SM's share of DRAM is not fixed),
-// and with runs alone the GPU streams ever fewer tiles while the last runs end. A claim is made an
-// iteration before its copy is issued, so the copies already in flight cover its atomic's round
-// trip. Where the runs would be shorter than the ring's prologue (or nothing is stolen) all tiles
-// are split into equal runs, and a short decode (one row of 8192 keys: 64 tiles) still spreads one
-// tile per SM. Setup is per row, not per block: the query's MMA fragments ({{ heads }} × {{ dim }},
-// {{ a_regs }} registers a thread) and the head weights are read into registers from global memory
-// (L1/L2: every warp reads the same 8 KiB) when a tile of a new row comes up, while the key copies
-// stay in flight.
+// The grid is persistent (as many blocks as the target's SMs hold at once: two per SM of the
+// H200, one on SM120): the rows' 128-key
+// tiles, taken in (row, key) order, are split into one contiguous run per block, so every block
+// streams about as many bytes, a block's run crosses a row boundary at most a few times, and a
+// short decode (one row of 8192 keys: 64 tiles) still spreads one tile per SM. Setup is per row,
+// not per block: the query's MMA fragments ({{ heads }} × {{ dim }}, {{ a_regs }} registers a
+// thread) and the head weights are read into registers from global memory (L1/L2: every warp
+// reads the same 8 KiB) when a tile of a new row comes up, while the key copies stay in flight.
 //
-// Keys go through a {{ stages }}-stage cp.async ring of 128-key tiles ({{ smem_kib }} KiB, all the
-// shared memory but the ring's tile numbers; rows of 8 16-byte chunks XOR-swizzled so ldmatrix
-// reads no bank twice, others padded by one chunk): while one tile is multiplied the next
-// {{ stages }} − 1 are in flight, 64 KiB a block for GLM-5's 128 dims, 128 KiB an SM at two blocks, past the
-// ~32 KiB an SM that the H200's bandwidth × latency asks for. Keys past the row's position are not
-// read: a tile wholly past it is −inf, written directly, with no copy and no MMA.
+// Keys go through a {{ stages }}-stage cp.async ring of 128-key tiles ({{ smem_kib }} KiB, the
+// only shared memory; rows of 8 16-byte chunks XOR-swizzled so ldmatrix reads no bank twice,
+// others padded by one chunk): while one tile is multiplied the next {{ stages }} − 1 are in
+// flight, 64 KiB a block for GLM-5's 128 dims, 128 KiB an SM at two blocks, past the ~32 KiB an
+// SM that the H200's bandwidth × latency asks for. Keys past the row's position are not read: a
+// tile wholly past it is −inf, written directly, with no copy and no MMA.
 //
 // Each warp takes 16 keys of a tile: {{ heads }} heads × 16 keys in m16n8k16 MMAs, and the same
 // register epilogue and summation order as `dsa_score_mma.cu` (relu, times w, summed over the
 // thread's heads, then over lanes 4, 8 and 16 apart), so the two kernels give the same bits.
 namespace {{ name }}_ {
-constexpr int H = {{ heads }}, D = {{ dim }}, STAGES = {{ stages }}, STEAL = {{ steal }};
+constexpr int H = {{ heads }}, D = {{ dim }}, STAGES = {{ stages }};
 constexpr int BN = 128, THREADS = 256, WARPS = 8, WN = BN / WARPS, NI = WN / 8;
 constexpr int MI = H / 16, KK = D / 16, C = D / 8;
 constexpr int TILE = BN * (C % 8 == 0 ? C : C + 1) * 8;
-
-// The pool's next ticket, zero when a launch starts: each block claims until a claim comes back
-// empty, once, so the launch's last claim is ticket pool + blocks − 1, and its block resets it
-// (launches of a kernel never overlap: each waits for the one before).
-__device__ unsigned pool_ticket;
 
 __device__ __forceinline__ int at(int r, int c) {
     if constexpr (C % 8 == 0) return (r * C + (c ^ (r & 7))) * 8;
@@ -67,23 +57,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
 {%- endif %}
     using namespace {{ name }}_;
     bf16* const sk = reinterpret_cast<bf16*>(dynamic_smem);
-    // The tile of each ring stage, −1 past the block's last; the pool ticket claimed for the
-    // position after the next, two deep so that a claim is written while the last is still read.
-    __shared__ int stage_tile[STAGES];
-    __shared__ int claimed[2];
     // Tile and key indices fit 32 bits (the lowering checks rows × keys); 64-bit ones would cost
     // the registers that keep the query's fragments from spilling.
     const int per_row = (int)((keys + BN - 1) / BN), nkeys = (int)keys;
-    const int total = (int)rows * per_row;
-    const int run = (int)((i64)total * (8 - STEAL) / 8 / gridDim.x);
-    const bool steal = STEAL > 0 && run >= STAGES - 1;
-    const int pool_begin = run * (int)gridDim.x, pool = total - pool_begin;
-    int s_begin = blockIdx.x * run, s_n = run;
-    if (!steal) {
-        s_begin = (int)((i64)total * blockIdx.x / gridDim.x);
-        s_n = (int)((i64)total * (blockIdx.x + 1) / gridDim.x) - s_begin;
-        if (s_n <= 0) return;
-    }
+    const i64 total = rows * per_row;
+    const int t_begin = (int)(total * blockIdx.x / gridDim.x);
+    const int n = (int)(total * (blockIdx.x + 1) / gridDim.x) - t_begin;
+    if (n <= 0) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
 
     // Tile t's keys up to the row's position (zero-filled past it), nothing for a tile wholly
@@ -100,24 +80,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
             const bool ok = j0 + r <= last;
             cp_async16_l2(dst + at(r, c), ok ? kr + r * k_key + c * 8 : k, ok);
         }
-    };
-    // The tile at position p of the block's sequence: its run, then the pool tiles it claimed.
-    auto tile_at = [&](int p) {
-        if (p < s_n) return s_begin + p;
-        if (!steal) return -1;
-        const int c = claimed[p & 1];
-        return c < pool ? pool_begin + c : -1;
-    };
-    // Thread 0 claims for position p once the run is done, until a claim comes back empty, and
-    // writes the ticket where every thread reads it an iteration later (`pool`: none).
-    bool claiming = true;
-    auto claim = [&](int p) {
-        return claiming && p >= s_n ? (int)atomicAdd(&pool_ticket, 1u) : pool;
-    };
-    auto publish = [&](int p, int c) {
-        claimed[p & 1] = c;
-        if (p >= s_n) claiming = c < pool;
-        if (c == pool + (int)gridDim.x - 1) pool_ticket = 0;
     };
 
     // Fragment (mi, kk) of the query: a0..a3 are heads mi·16 + g (+ 8 for a1, a3) at dims
@@ -141,86 +103,74 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
         }
     };
 
-    // The prologue's positions are in the run (a stealing block's run covers them).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        const int t = s < s_n ? s_begin + s : -1;
-        if (t >= 0) load(s, t);
-        if (tid == 0) stage_tile[s] = t;
+        if (s < n) load(s, t_begin + s);
         cp_async_commit();
     }
-    if (steal && tid == 0) publish(STAGES - 1, claim(STAGES - 1));
     // The first row's query is read while its first keys are in flight.
-    int a_row = s_begin / per_row;
+    int a_row = t_begin / per_row;
     load_query(a_row);
-    for (int kt = 0;; ++kt) {
+    for (int kt = 0; kt < n; ++kt) {
         cp_async_wait<STAGES - 2>();
         // Tile kt has landed for every thread, and every warp is done with tile kt - 1, whose
-        // stage the next copy overwrites, and has read the claim written an iteration ago.
+        // stage the next copy overwrites.
         __syncthreads();
-        const int t = stage_tile[kt % STAGES];
-        if (t < 0) break;
-        {
-            const int p = kt + STAGES - 1, next = tile_at(p);
-            if (next >= 0) load(p % STAGES, next);
-            if (tid == 0) stage_tile[p % STAGES] = next;
-            cp_async_commit();
-        }
-        // Shared an iteration later, once every thread has read the last claim.
-        const int ticket = steal && tid == 0 ? claim(kt + STAGES) : pool;
+        if (kt + STAGES - 1 < n) load((kt + STAGES - 1) % STAGES, t_begin + kt + STAGES - 1);
+        cp_async_commit();
 
-        const int row = t / per_row, j_begin = t % per_row * BN;
+        const int t = t_begin + kt, row = t / per_row, j_begin = t % per_row * BN;
         const i64 pos = positions[row];
         const int j_end = min(j_begin + BN, nkeys);
         float* const orow = out + row * out_row;
         if (j_begin > pos) {
             for (int j = j_begin + tid; j < j_end; j += THREADS) orow[j] = -INFINITY;
-        } else {
-            if (row != a_row) {
-                a_row = row;
-                load_query(row);
+            continue;
+        }
+        if (row != a_row) {
+            a_row = row;
+            load_query(row);
+        }
+
+        const bf16* const tk = sk + (kt % STAGES) * TILE;
+        // One 8-key MMA column at a time, so that only its accumulators are live next to the
+        // query's fragments (both at once would not fit two blocks' registers an SM).
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+            float acc[MI][1][4];
+            zero_tiles(acc);
+#pragma unroll
+            for (int kk = 0; kk < KK; kk += 2) {
+                // b0, b1 of step kk and of step kk + 1: lanes 8·m to 8·m + 7 address the 8 keys
+                // at 16-byte chunk 2·kk + m.
+                unsigned b[4];
+                ldmatrix_x4(b, tk + at(warp * WN + ni * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int mi = 0; mi < MI; ++mi) mma_bf16(acc[mi][0], a[mi][kk + h], b[h * 2], b[h * 2 + 1]);
             }
-            const bf16* const tk = sk + (kt % STAGES) * TILE;
-            // One 8-key MMA column at a time, so that only its accumulators are live next to the
-            // query's fragments (both at once would not fit two blocks' registers an SM).
+            // Accumulator e of tile mi is head mi·16 + g + (e / 2)·8, key t4·2 + e % 2.
+            float sc[2];
 #pragma unroll
-            for (int ni = 0; ni < NI; ++ni) {
-                float acc[MI][1][4];
-                zero_tiles(acc);
+            for (int c = 0; c < 2; ++c) {
+                float s = 0.f;
 #pragma unroll
-                for (int kk = 0; kk < KK; kk += 2) {
-                    // b0, b1 of step kk and of step kk + 1: lanes 8·m to 8·m + 7 address the 8
-                    // keys at 16-byte chunk 2·kk + m.
-                    unsigned b[4];
-                    ldmatrix_x4(b, tk + at(warp * WN + ni * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+                for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h)
-#pragma unroll
-                        for (int mi = 0; mi < MI; ++mi) mma_bf16(acc[mi][0], a[mi][kk + h], b[h * 2], b[h * 2 + 1]);
-                }
-                // Accumulator e of tile mi is head mi·16 + g + (e / 2)·8, key t4·2 + e % 2.
-                float sc[2];
+                    for (int e = 0; e < 2; ++e) s += wh[mi][e] * fmaxf(acc[mi][0][e * 2 + c], 0.f);
+                s += __shfl_xor_sync(0xffffffffu, s, 4);
+                s += __shfl_xor_sync(0xffffffffu, s, 8);
+                s += __shfl_xor_sync(0xffffffffu, s, 16);
+                sc[c] = s;
+            }
+            if (g == 0) {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    float s = 0.f;
-#pragma unroll
-                    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) s += wh[mi][e] * fmaxf(acc[mi][0][e * 2 + c], 0.f);
-                    s += __shfl_xor_sync(0xffffffffu, s, 4);
-                    s += __shfl_xor_sync(0xffffffffu, s, 8);
-                    s += __shfl_xor_sync(0xffffffffu, s, 16);
-                    sc[c] = s;
-                }
-                if (g == 0) {
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) {
-                        const int j = j_begin + warp * WN + ni * 8 + t4 * 2 + c;
-                        if (j < j_end) orow[j] = j <= pos ? sc[c] : -INFINITY;
-                    }
+                    const int j = j_begin + warp * WN + ni * 8 + t4 * 2 + c;
+                    if (j < j_end) orow[j] = j <= pos ? sc[c] : -INFINITY;
                 }
             }
         }
-        if (steal && tid == 0) publish(kt + STAGES, ticket);
     }
 }

@@ -207,9 +207,6 @@ fn score_decode_blocks(target: Target, shared: u64) -> u64 {
 const SCORE_DECODE_STAGES: u64 = 3;
 /// Query registers a thread of it may hold (`heads × dim / 64`: GLM-5's 32 × 128 is 64).
 const SCORE_DECODE_MAX_A: u64 = 64;
-/// Eighths of its tiles that its blocks claim one at a time once their equal runs are done
-/// ([`crate::kernels::Variant::ScoreSteal`] times others).
-pub const SCORE_DECODE_STEAL: u64 = 2;
 /// Rows from which a decode takes it. One sequence's keys are too few tiles to spread over its
 /// fixed grid: on an H200 it took 9.1 µs for one row of 32768 keys where the row-per-block
 /// kernel took 8.0, and 12.5 against 8.7 µs a layer in the batch-1 decode step at 1024
@@ -235,7 +232,6 @@ fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Planned>, Stri
         .param("heads", heads)
         .param("dim", dim)
         .param("stages", SCORE_DECODE_STAGES)
-        .param("steal", cx.score_steal.min(7))
         .param("a_regs", heads * dim / 64)
         .param("smem_kib", shared.div_ceil(1024))
         .dtype("w_t", o.w.dtype)?
