@@ -2768,10 +2768,8 @@ fn moe_sort(cx: &NodeCtx, experts: u64) -> Result<Lowering, String> {
 /// Rows of one expert a block of the skinny grouped GEMM takes: at decode (≤ 64 tokens × 8
 /// slots over 256 experts) an expert rarely has more, so its weights are read once.
 const MOE_SKINNY_ROWS: u64 = 8;
-/// Columns one block of the skinny grouped GEMM computes (8 warps × 2 at a time), and the steps
-/// of K its loop unrolls.
+/// Columns one block of the skinny grouped GEMM computes (8 warps × 2).
 const MOE_SKINNY_COLS: u64 = 16;
-const MOE_SKINNY_UNROLL: u64 = 2;
 /// Row and column tile of the tensor-core grouped GEMM (`moe_gemm_mma.cu`), its shared memory.
 const MOE_MMA_TILE: u64 = 128;
 const MOE_MMA_SHARED: u32 = 4 * (128 + 128) * 32 * 2;
@@ -2845,8 +2843,6 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
         }
         let b = Builder::new("moe_gemm_skinny", 256)
             .param("rows", MOE_SKINNY_ROWS)
-            .param("cols", MOE_SKINNY_COLS)
-            .param("unroll", MOE_SKINNY_UNROLL)
             .param("vec", vec);
         let tiles = n.div_ceil(MOE_SKINNY_COLS);
         (

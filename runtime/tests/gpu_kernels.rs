@@ -1277,7 +1277,12 @@ fn glm5_sampling_rows(vocab: usize, rng: &mut Rng) -> Vec<(&'static str, Vec<f32
         ("flat, whole row", flat.clone(), 1.0, 1.0),
         ("long tail", tail, 0.7, 0.95),
         ("narrow (bisection)", flat.clone(), 200.0, 0.9),
-        ("equal (ties)", vec![1.5; vocab], 1.0, 0.5),
+        // Not top-p 0.5: half of an even vocabulary of equal tokens reaches it exactly, so the
+        // nucleus size would be decided by rounding (the interpreter's f64 running sum of 77440
+        // terms fell below 0.5 and kept one token more than the GPU's exact fixed-point sum, and
+        // the draw of batch 64 row 5 differed by that token). 0.3 in f32 is 1.2e-8 above
+        // 46464 / 154880, far beyond either's rounding.
+        ("equal (ties)", vec![1.5; vocab], 1.0, 0.3),
         ("greedy", confident, 0.0, 0.9),
         ("NaN and -inf", holes, 1.3, 0.8),
     ]
@@ -2538,8 +2543,7 @@ fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
     };
     let mut report = format!(
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s\n\
-         variant: the skinny grouped GEMM's columns a block / steps of K unrolled, * = shipped\n\
-         | phase | tokens | active experts | op | kernel | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+         | phase | tokens | active experts | op | kernel | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut failures = Vec::new();
     for &(phase, sym, tokens) in cases {
@@ -2645,104 +2649,45 @@ fn moe_grouped_gemms(cases: &[(&str, &str, usize)], report_file: &str) {
             f.results.push(("out0".into(), node.into()));
             let mut mm = Module::new("moe");
             mm.functions.push(f.clone());
-            // The interpreter once per op (every variant is checked against it); at 4096 tokens
-            // it would take minutes, so sampled rows are checked on the host instead.
-            let want = (tokens < 4096).then(|| interpret(&mm, &f, &ins).unwrap());
-            let check = |run: &Run, failures: &mut Vec<String>, variant: &str| {
-                if let Some(want) = &want {
-                    let at = &run.phase.results[0].1;
-                    let gpu = gather(&bytes_of(&run, at), at, &b);
-                    let reference: Vec<f64> = want[0]
-                        .as_f32()
-                        .unwrap()
-                        .iter()
-                        .map(|x| *x as f64)
-                        .collect();
-                    match compare(&gpu, &reference, at.dtype) {
-                        Ok(e) => format!("{e:.1e}"),
-                        Err(why) => {
-                            failures
-                                .push(format!("{phase} {tokens} {} {variant}: {why}", op.name()));
-                            "FAIL".into()
-                        }
+            let run = run_on_gpu(&dev, &mm, limits, &ins, &b, true);
+            let err = if tokens < 4096 {
+                let want = interpret(&mm, &f, &ins).unwrap();
+                let at = &run.phase.results[0].1;
+                let gpu = gather(&bytes_of(&run, at), at, &b);
+                let reference: Vec<f64> = want[0]
+                    .as_f32()
+                    .unwrap()
+                    .iter()
+                    .map(|x| *x as f64)
+                    .collect();
+                match compare(&gpu, &reference, at.dtype) {
+                    Ok(e) => format!("{e:.1e}"),
+                    Err(why) => {
+                        failures.push(format!("{phase} {tokens} {}: {why}", op.name()));
+                        "FAIL".into()
                     }
-                } else {
-                    let at = &run.phase.results[0].1;
-                    let gpu = gather(&bytes_of(&run, at), at, &b);
-                    let (got, want, rows) = sampled_moe_rows(op, &ins, &gpu, TOP_K);
-                    match compare(&got, &want, at.dtype) {
-                        Ok(e) => format!("{e:.1e} ({rows} sampled rows)"),
-                        Err(why) => {
-                            failures
-                                .push(format!("{phase} {tokens} {} {variant}: {why}", op.name()));
-                            "FAIL".into()
-                        }
+                }
+            } else {
+                let at = &run.phase.results[0].1;
+                let gpu = gather(&bytes_of(&run, at), at, &b);
+                let (got, want, rows) = sampled_moe_rows(op, &ins, &gpu, TOP_K);
+                match compare(&got, &want, at.dtype) {
+                    Ok(e) => format!("{e:.1e} ({rows} sampled rows)"),
+                    Err(why) => {
+                        failures.push(format!("{phase} {tokens} {}: {why}", op.name()));
+                        "FAIL".into()
                     }
                 }
             };
-            // At decode (batches 1 and 8) the skinny grouped GEMM also runs in its other shapes (columns a block,
-            // steps of K unrolled), each checked, so the lowering's choice is read off a
-            // measurement.
-            let skinny = |k: &Kernel| k.template == "moe_gemm_skinny";
-            let mut variants: Vec<Option<(u64, u64)>> = vec![None];
-            if phase == "decode" && tokens <= 8 && matches!(op, Op::MoeGateUp {} | Op::MoeDown {}) {
-                for cols in [16u64, 32, 64] {
-                    for unroll in [2u64, 4] {
-                        variants.push(Some((cols, unroll)));
-                    }
-                }
-            }
-            let n_cols = if matches!(op, Op::MoeDown {}) {
-                HIDDEN
-            } else {
-                INTER
-            } as u64;
-            let shipped = lower_module(&mm, dev.target, limits)
-                .unwrap()
-                .kernels
-                .iter()
-                .find(|k| skinny(k))
-                .map(|k| format!("{}/{}", k.params["cols"], k.params["unroll"]));
-            for variant in variants {
-                let tweak = |module: &Module, t: Target, limits: Limits| {
-                    let mut lowered = lower_module(module, t, limits).unwrap();
-                    let Some((cols, unroll)) = variant else {
-                        return lowered;
-                    };
-                    let mut names = std::collections::HashSet::new();
-                    for k in lowered.kernels.iter_mut().filter(|k| skinny(k)) {
-                        k.params.insert("cols".into(), cols.to_string());
-                        k.params.insert("unroll".into(), unroll.to_string());
-                        names.insert(k.name.clone());
-                    }
-                    for step in lowered.phases.iter_mut().flat_map(|p| p.steps.iter_mut()) {
-                        if let Step::Launch(l) = step {
-                            if names.contains(&l.kernel) {
-                                let blocks = (tokens * TOP_K) as u64 * n_cols.div_ceil(cols);
-                                l.grid = GridDim::fixed(blocks);
-                            }
-                        }
-                    }
-                    lowered
-                };
-                let run = run_on_gpu_with(&dev, &mm, limits, &ins, &b, true, &tweak);
-                let name = match (variant, &shipped) {
-                    (None, Some(s)) => format!("{s}*"),
-                    (None, None) => "as lowered*".to_string(),
-                    (Some((c, u)), Some(s)) if *s == format!("{c}/{u}") => continue,
-                    (Some((c, u)), _) => format!("{c}/{u}"),
-                };
-                let err = check(&run, &mut failures, &name);
-                let kernel = launched(&run.phase, &b).join(",");
-                let line = format!(
-                    "| {phase} | {tokens} | {active} | {} | {kernel} | {name} | {err} | {} |",
-                    op.name(),
-                    timed(&run, &f, &b, copy_gbs).cells()
-                );
-                println!("{line}");
-                writeln!(report, "{line}").unwrap();
-            }
             ins.clear();
+            let kernel = launched(&run.phase, &b).join(",");
+            let line = format!(
+                "| {phase} | {tokens} | {active} | {} | {kernel} | {err} | {} |",
+                op.name(),
+                timed(&run, &f, &b, copy_gbs).cells()
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
         }
     }
     print!("{report}");
