@@ -222,6 +222,7 @@ fn float(name: &str, x: f64) -> Arg {
     }
 }
 
+#[derive(Clone)]
 struct Builder {
     spec: Spec,
 }
@@ -2768,8 +2769,10 @@ fn moe_sort(cx: &NodeCtx, experts: u64) -> Result<Lowering, String> {
 /// Rows of one expert a block of the skinny grouped GEMM takes: at decode (≤ 64 tokens × 8
 /// slots over 256 experts) an expert rarely has more, so its weights are read once.
 const MOE_SKINNY_ROWS: u64 = 8;
-/// Columns one block of the skinny grouped GEMM computes (8 warps × 2).
+/// Columns one block of the skinny grouped GEMM computes (8 warps × 2 at a time), and those of
+/// its one-token shape.
 const MOE_SKINNY_COLS: u64 = 16;
+const MOE_ONE_TOKEN_COLS: u64 = 64;
 /// Row and column tile of the tensor-core grouped GEMM (`moe_gemm_mma.cu`), its shared memory.
 const MOE_MMA_TILE: u64 = 128;
 const MOE_MMA_SHARED: u32 = 4 * (128 + 128) * 32 * 2;
@@ -2831,7 +2834,7 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
                 .mul(&Poly::constant(n_tiles as i64)),
             per_block: MOE_MMA_TILE,
         };
-        (b, grid)
+        (b, Some(grid))
     } else {
         let aligned = k.is_multiple_of(vec)
             && x_row.divisible_by(vec as i64)
@@ -2844,11 +2847,7 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
         let b = Builder::new("moe_gemm_skinny", 256)
             .param("rows", MOE_SKINNY_ROWS)
             .param("vec", vec);
-        let tiles = n.div_ceil(MOE_SKINNY_COLS);
-        (
-            b,
-            GridDim::one_block_each(routed.mul(&Poly::constant(tiles as i64))),
-        )
+        (b, None)
     };
     let b = b
         .param("op", op)
@@ -2860,16 +2859,56 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
         .dtype("y_t", y.dtype)?
         .dtype("x_t", x.dtype)?
         .dtype("w_t", w.dtype)?;
-    let mut args = vec![cx.ptr("y", y), cx.ptr("x", x), int("x_row", x_row)];
-    if let Some(order) = order {
-        args.push(cx.ptr("order", order));
+    let args = || {
+        let mut args = vec![cx.ptr("y", y), cx.ptr("x", x), int("x_row", x_row.clone())];
+        if let Some(order) = order {
+            args.push(cx.ptr("order", order));
+        }
+        args.push(cx.ptr("offsets", offsets));
+        for (i, w) in weights.iter().enumerate() {
+            args.push(cx.ptr(&format!("w{i}"), w));
+        }
+        args.push(int("tokens", tokens.clone()));
+        args
+    };
+    if let Some(grid) = grid {
+        return Ok(b.launch(grid, args()));
     }
-    args.push(cx.ptr("offsets", offsets));
-    for (i, w) in weights.iter().enumerate() {
-        args.push(cx.ptr(&format!("w{i}"), w));
+    // The skinny kernel's shape by token count, from the MoE GPU test's variants
+    // (tests/gpu/README.md, the eighth session): one token's eight experts stream faster in
+    // blocks of 64 columns (gate/up with 4 steps of K unrolled: 115.6 → 111.0 µs; down 66.3 →
+    // 64.0), while at 8 tokens the 16-column blocks were faster (gate/up 773 against 791 µs).
+    let shape = |cols: u64, unroll: u64, when: Option<Guard>| {
+        let tiles = n.div_ceil(cols);
+        let grid = GridDim::one_block_each(routed.mul(&Poly::constant(tiles as i64)));
+        let mut planned = b
+            .clone()
+            .param("cols", cols)
+            .param("unroll", unroll)
+            .planned(grid, args());
+        planned.when = when;
+        (planned, cx.sources.take())
+    };
+    let wide = (MOE_SKINNY_COLS, 2);
+    let one_token = (MOE_ONE_TOKEN_COLS, if swiglu { 4 } else { 2 });
+    if tokens.as_const().is_some() {
+        let (cols, unroll) = if tokens.as_const() == Some(1) {
+            one_token
+        } else {
+            wide
+        };
+        let (planned, sources) = shape(cols, unroll, None);
+        cx.sources.replace(sources);
+        return Ok(Lowering::Launch(planned));
     }
-    args.push(int("tokens", tokens));
-    Ok(b.launch(grid, args))
+    Ok(Lowering::Launches(vec![
+        shape(
+            one_token.0,
+            one_token.1,
+            Some(Guard::at_most(tokens.clone(), 1)),
+        ),
+        shape(wide.0, wide.1, Some(Guard::above(tokens.clone(), 1))),
+    ]))
 }
 
 /// Threads of `moe.combine`'s block per token and column slice.
