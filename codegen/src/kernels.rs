@@ -2770,7 +2770,7 @@ fn moe_sort(cx: &NodeCtx, experts: u64) -> Result<Lowering, String> {
 /// slots over 256 experts) an expert rarely has more, so its weights are read once.
 const MOE_SKINNY_ROWS: u64 = 8;
 /// Columns one block of the skinny grouped GEMM computes (8 warps × 2 at a time), and those of
-/// its one-token shape.
+/// the down projection's one-token shape.
 const MOE_SKINNY_COLS: u64 = 16;
 const MOE_ONE_TOKEN_COLS: u64 = 64;
 /// Row and column tile of the tensor-core grouped GEMM (`moe_gemm_mma.cu`), its shared memory.
@@ -2874,40 +2874,36 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
     if let Some(grid) = grid {
         return Ok(b.launch(grid, args()));
     }
-    // The skinny kernel's shape by token count, from the MoE GPU test's variants
-    // (tests/gpu/README.md, the eighth session): one token's eight experts stream faster in
-    // blocks of 64 columns (gate/up with 4 steps of K unrolled: 115.6 → 111.0 µs; down 66.3 →
-    // 64.0), while at 8 tokens the 16-column blocks were faster (gate/up 773 against 791 µs).
-    let shape = |cols: u64, unroll: u64, when: Option<Guard>| {
+    // The skinny kernel's shape by token count. One token's down projection streams faster in
+    // blocks of 64 columns (tests/gpu/README.md, the eighth session: 66.3 → 64.0 µs in the MoE
+    // test, 8 µs less over the three layers of the batch-1 step), while at 8 tokens the 16-column
+    // blocks were faster for gate/up (773 against 791 µs). For gate/up 64 columns with four
+    // steps of K unrolled won in the MoE test (115.6 → 110.7 µs; branch `moe8` keeps that variant) but lost 8–10 µs a launch in
+    // the decode step, so it keeps one shape.
+    let shape = |cols: u64, when: Option<Guard>| {
         let tiles = n.div_ceil(cols);
         let grid = GridDim::one_block_each(routed.mul(&Poly::constant(tiles as i64)));
-        let mut planned = b
-            .clone()
-            .param("cols", cols)
-            .param("unroll", unroll)
-            .planned(grid, args());
+        let mut planned = b.clone().param("cols", cols).planned(grid, args());
         planned.when = when;
         (planned, cx.sources.take())
     };
-    let wide = (MOE_SKINNY_COLS, 2);
-    let one_token = (MOE_ONE_TOKEN_COLS, if swiglu { 4 } else { 2 });
-    if tokens.as_const().is_some() {
-        let (cols, unroll) = if tokens.as_const() == Some(1) {
-            one_token
-        } else {
-            wide
+    let one_token = if swiglu {
+        MOE_SKINNY_COLS
+    } else {
+        MOE_ONE_TOKEN_COLS
+    };
+    if one_token == MOE_SKINNY_COLS || tokens.as_const().is_some() {
+        let cols = match tokens.as_const() {
+            Some(1) => one_token,
+            _ => MOE_SKINNY_COLS,
         };
-        let (planned, sources) = shape(cols, unroll, None);
+        let (planned, sources) = shape(cols, None);
         cx.sources.replace(sources);
         return Ok(Lowering::Launch(planned));
     }
     Ok(Lowering::Launches(vec![
-        shape(
-            one_token.0,
-            one_token.1,
-            Some(Guard::at_most(tokens.clone(), 1)),
-        ),
-        shape(wide.0, wide.1, Some(Guard::above(tokens.clone(), 1))),
+        shape(one_token, Some(Guard::at_most(tokens.clone(), 1))),
+        shape(MOE_SKINNY_COLS, Some(Guard::above(tokens.clone(), 1))),
     ]))
 }
 

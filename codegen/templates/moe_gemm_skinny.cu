@@ -4,9 +4,8 @@
 // A work item is (a run of up to ROWS = {{ rows }} rows of one expert, {{ cols }} columns): the grid has
 // one slot per routed row and column tile, and a slot works only if its row starts a run
 // (found from the offsets), so an expert without rows costs nothing and the
-// grid does not grow with the expert count. 8 warps × 2 columns at a time ({{ unroll }} steps of K
-// unrolled): a warp streams its two columns'
-// weight rows once, together ({% if swiglu %}gate and up, {% endif %}{{ vec }} elements per lane per 16-byte load) against all
+// grid does not grow with the expert count. 8 warps × 2 columns at a time: a warp streams its
+// two columns' weight rows once, together ({% if swiglu %}gate and up, {% endif %}{{ vec }} elements per lane per 16-byte load) against all
 // of the run's rows, which it reads through L1 (every warp of the block reads the same rows),
 // then sums over its lanes. At decode an expert has at most ROWS rows, so its weights are read
 // once; more rows take more runs, each reading the weights again (through L2). No shared
@@ -75,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(256) {{ name }}(
             for (int q = 0; q < MATS; ++q)
 #pragma unroll
                 for (int i = 0; i < ROWS; ++i) acc[cc][q][i] = 0.f;
-#pragma unroll {{ unroll }}
+#pragma unroll 2
         for (int k0 = lane * V; k0 < K; k0 += 32 * V) {
             float wv[2][MATS][V];
 #pragma unroll
