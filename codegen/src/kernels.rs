@@ -222,7 +222,6 @@ fn float(name: &str, x: f64) -> Arg {
     }
 }
 
-#[derive(Clone)]
 struct Builder {
     spec: Spec,
 }
@@ -2769,10 +2768,8 @@ fn moe_sort(cx: &NodeCtx, experts: u64) -> Result<Lowering, String> {
 /// Rows of one expert a block of the skinny grouped GEMM takes: at decode (≤ 64 tokens × 8
 /// slots over 256 experts) an expert rarely has more, so its weights are read once.
 const MOE_SKINNY_ROWS: u64 = 8;
-/// Columns one block of the skinny grouped GEMM computes (8 warps × 2 at a time), and those of
-/// the down projection's one-token shape.
+/// Columns one block of the skinny grouped GEMM computes (8 warps × 2).
 const MOE_SKINNY_COLS: u64 = 16;
-const MOE_ONE_TOKEN_COLS: u64 = 64;
 /// Row and column tile of the tensor-core grouped GEMM (`moe_gemm_mma.cu`), its shared memory.
 const MOE_MMA_TILE: u64 = 128;
 const MOE_MMA_SHARED: u32 = 4 * (128 + 128) * 32 * 2;
@@ -2834,7 +2831,7 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
                 .mul(&Poly::constant(n_tiles as i64)),
             per_block: MOE_MMA_TILE,
         };
-        (b, Some(grid))
+        (b, grid)
     } else {
         let aligned = k.is_multiple_of(vec)
             && x_row.divisible_by(vec as i64)
@@ -2847,7 +2844,11 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
         let b = Builder::new("moe_gemm_skinny", 256)
             .param("rows", MOE_SKINNY_ROWS)
             .param("vec", vec);
-        (b, None)
+        let tiles = n.div_ceil(MOE_SKINNY_COLS);
+        (
+            b,
+            GridDim::one_block_each(routed.mul(&Poly::constant(tiles as i64))),
+        )
     };
     let b = b
         .param("op", op)
@@ -2859,52 +2860,16 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
         .dtype("y_t", y.dtype)?
         .dtype("x_t", x.dtype)?
         .dtype("w_t", w.dtype)?;
-    let args = || {
-        let mut args = vec![cx.ptr("y", y), cx.ptr("x", x), int("x_row", x_row.clone())];
-        if let Some(order) = order {
-            args.push(cx.ptr("order", order));
-        }
-        args.push(cx.ptr("offsets", offsets));
-        for (i, w) in weights.iter().enumerate() {
-            args.push(cx.ptr(&format!("w{i}"), w));
-        }
-        args.push(int("tokens", tokens.clone()));
-        args
-    };
-    if let Some(grid) = grid {
-        return Ok(b.launch(grid, args()));
+    let mut args = vec![cx.ptr("y", y), cx.ptr("x", x), int("x_row", x_row)];
+    if let Some(order) = order {
+        args.push(cx.ptr("order", order));
     }
-    // The skinny kernel's shape by token count. One token's down projection streams faster in
-    // blocks of 64 columns (tests/gpu/README.md, the eighth session: 66.3 → 64.0 µs in the MoE
-    // test, 8 µs less over the three layers of the batch-1 step), while at 8 tokens the 16-column
-    // blocks were faster for gate/up (773 against 791 µs). For gate/up 64 columns with four
-    // steps of K unrolled won in the MoE test (115.6 → 110.7 µs; branch `moe8` keeps that variant) but lost 8–10 µs a launch in
-    // the decode step, so it keeps one shape.
-    let shape = |cols: u64, when: Option<Guard>| {
-        let tiles = n.div_ceil(cols);
-        let grid = GridDim::one_block_each(routed.mul(&Poly::constant(tiles as i64)));
-        let mut planned = b.clone().param("cols", cols).planned(grid, args());
-        planned.when = when;
-        (planned, cx.sources.take())
-    };
-    let one_token = if swiglu {
-        MOE_SKINNY_COLS
-    } else {
-        MOE_ONE_TOKEN_COLS
-    };
-    if one_token == MOE_SKINNY_COLS || tokens.as_const().is_some() {
-        let cols = match tokens.as_const() {
-            Some(1) => one_token,
-            _ => MOE_SKINNY_COLS,
-        };
-        let (planned, sources) = shape(cols, None);
-        cx.sources.replace(sources);
-        return Ok(Lowering::Launch(planned));
+    args.push(cx.ptr("offsets", offsets));
+    for (i, w) in weights.iter().enumerate() {
+        args.push(cx.ptr(&format!("w{i}"), w));
     }
-    Ok(Lowering::Launches(vec![
-        shape(one_token, Some(Guard::at_most(tokens.clone(), 1))),
-        shape(MOE_SKINNY_COLS, Some(Guard::above(tokens.clone(), 1))),
-    ]))
+    args.push(int("tokens", tokens));
+    Ok(b.launch(grid, args))
 }
 
 /// Threads of `moe.combine`'s block per token and column slice.

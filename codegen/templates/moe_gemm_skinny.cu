@@ -1,11 +1,11 @@
 // {{ op }} for few rows per expert (decode, and every f32 run): routed rows [n·k, {{ n }}] =
 // {% if swiglu %}silu(x[t] · gateᵀ) ⊙ (x[t] · upᵀ), t = order[r] / {{ top_k }} (the token of routed row r){% else %}h[r] · downᵀ{% endif %},
 // with the weights [E, {{ n }}, {{ k }}] of the expert owning row r, in FP32 FMA for any dtype.
-// A work item is (a run of up to ROWS = {{ rows }} rows of one expert, {{ cols }} columns): the grid has
+// A work item is (a run of up to ROWS = {{ rows }} rows of one expert, 16 columns): the grid has
 // one slot per routed row and column tile, and a slot works only if its row starts a run
 // (found from the offsets), so an expert without rows costs nothing and the
-// grid does not grow with the expert count. 8 warps × 2 columns at a time: a warp streams its
-// two columns' weight rows once, together ({% if swiglu %}gate and up, {% endif %}{{ vec }} elements per lane per 16-byte load) against all
+// grid does not grow with the expert count. 8 warps × 2 columns: a warp streams its two columns'
+// weight rows once, together ({% if swiglu %}gate and up, {% endif %}{{ vec }} elements per lane per 16-byte load) against all
 // of the run's rows, which it reads through L1 (every warp of the block reads the same rows),
 // then sums over its lanes. At decode an expert has at most ROWS rows, so its weights are read
 // once; more rows take more runs, each reading the weights again (through L2). No shared
@@ -25,7 +25,7 @@ extern "C" __global__ void __launch_bounds__(256) {{ name }}(
 {
     grid_dependency_control();
     constexpr int K = {{ k }}, N = {{ n }}, E = {{ experts }}, TOP_K = {{ top_k }};
-    constexpr int ROWS = {{ rows }}, V = {{ vec }}, COLS = {{ cols }}, TILES = (N + COLS - 1) / COLS;
+    constexpr int ROWS = {{ rows }}, V = {{ vec }}, COLS = 16, TILES = (N + COLS - 1) / COLS;
     __shared__ const {{ x_t }}* xs[ROWS];
     const i64 slot = blockIdx.x / TILES;
     const int n0 = (int)(blockIdx.x % TILES) * COLS;
@@ -63,55 +63,53 @@ extern "C" __global__ void __launch_bounds__(256) {{ name }}(
     // and up) keep more bytes in flight than one column after the other did (moe.down, with one
     // load a step, reached 38% of the copy roofline on an H200 at decode, gate/up 77%). Each
     // column's sum is taken in the same order as before, lane by lane, then over the warp.
-    // A block's column pairs one after another: its fixed cost (the expert lookup, the row
-    // pointers, the wait for the kernel before) is paid once for COLS columns.
-    for (int c0 = n0 + warp * 2; c0 < min(n0 + COLS, N); c0 += 16) {
-        const bool two = c0 + 1 < N;
-        float acc[2][MATS][ROWS];
+    const int c0 = n0 + warp * 2;
+    if (c0 >= N) return;
+    const bool two = c0 + 1 < N;
+    float acc[2][MATS][ROWS];
 #pragma unroll
-        for (int cc = 0; cc < 2; ++cc)
+    for (int cc = 0; cc < 2; ++cc)
 #pragma unroll
-            for (int q = 0; q < MATS; ++q)
+        for (int q = 0; q < MATS; ++q)
 #pragma unroll
-                for (int i = 0; i < ROWS; ++i) acc[cc][q][i] = 0.f;
+            for (int i = 0; i < ROWS; ++i) acc[cc][q][i] = 0.f;
 #pragma unroll 2
-        for (int k0 = lane * V; k0 < K; k0 += 32 * V) {
-            float wv[2][MATS][V];
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                const i64 at = (i64)(two ? c0 + cc : c0) * K + k0;
-                ld_vec<{{ w_t }}, V>(we0 + at, wv[cc][0]);
-{%- if swiglu %}
-                ld_vec<{{ w_t }}, V>(we1 + at, wv[cc][1]);
-{%- endif %}
-            }
-#pragma unroll
-            for (int i = 0; i < ROWS; ++i) {
-                if (i < m) {
-                    float xv[V];
-                    ld_vec<{{ x_t }}, V>(xs[i] + k0, xv);
-#pragma unroll
-                    for (int cc = 0; cc < 2; ++cc)
-#pragma unroll
-                        for (int q = 0; q < MATS; ++q)
-#pragma unroll
-                            for (int v = 0; v < V; ++v) acc[cc][q][i] = fmaf(wv[cc][q][v], xv[v], acc[cc][q][i]);
-                }
-            }
-        }
+    for (int k0 = lane * V; k0 < K; k0 += 32 * V) {
+        float wv[2][MATS][V];
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
-            if (cc == 1 && !two) break;
-#pragma unroll
-            for (int i = 0; i < ROWS; ++i) {
-                if (i >= m) break;
-                float a = warp_sum(acc[cc][0][i]);
+            const i64 at = (i64)(two ? c0 + cc : c0) * K + k0;
+            ld_vec<{{ w_t }}, V>(we0 + at, wv[cc][0]);
 {%- if swiglu %}
-                const float b = warp_sum(acc[cc][1][i]);
-                a = silu(a) * b;
+            ld_vec<{{ w_t }}, V>(we1 + at, wv[cc][1]);
 {%- endif %}
-                if (lane == 0) st(y + (slot + i) * N + c0 + cc, a);
+        }
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            if (i < m) {
+                float xv[V];
+                ld_vec<{{ x_t }}, V>(xs[i] + k0, xv);
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc)
+#pragma unroll
+                    for (int q = 0; q < MATS; ++q)
+#pragma unroll
+                        for (int v = 0; v < V; ++v) acc[cc][q][i] = fmaf(wv[cc][q][v], xv[v], acc[cc][q][i]);
             }
+        }
+    }
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+        if (cc == 1 && !two) break;
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            if (i >= m) break;
+            float a = warp_sum(acc[cc][0][i]);
+{%- if swiglu %}
+            const float b = warp_sum(acc[cc][1][i]);
+            a = silu(a) * b;
+{%- endif %}
+            if (lane == 0) st(y + (slot + i) * N + c0 + cc, a);
         }
     }
 }
