@@ -1387,8 +1387,10 @@ const SKINNY_GEMM_16_NARROW_DEEP: GemmTile = GemmTile {
 /// blocks an SM and one at four, and a block's time is a DRAM round trip or two whatever its
 /// size, so the waves set the time. Here the 256 blocks are one wave at two blocks an SM (264
 /// slots on an H200), and every SM has all its bytes (2 × 48 KiB) in flight from the start
-/// instead of a block's first four of six chunks. PREDICTION, to be replaced by the sweep's
-/// numbers (`glm5_skinny_gemm_variants_are_timed`, which keeps the old tile as a variant).
+/// instead of a block's first four of six chunks. Measured in the sweep
+/// (`glm5_skinny_gemm_variants_are_timed`, tests/gpu/results/2026-12-01t, call B): 5.1 µs at
+/// one row and 5.3 at eight, against 6.4 and 6.6 for the old tile and torch.matmul's 6.1 and
+/// 6.2; the old tile at four blocks an SM took 5.0 and 5.1 but spills on sm_90a.
 const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
@@ -1415,8 +1417,10 @@ const SKINNY_GEMM_16_SHORT_K: GemmTile = GemmTile {
 /// of them for one of those shapes, as do 16 columns on two warps at eight chunks each (one warp
 /// on K makes every chunk's bounds a constant). The tile it replaces (two warps on K, four of
 /// each one's eight chunks in flight, four blocks an SM: 512 blocks, 64 KiB an SM) took 7.4 µs
-/// at one row against torch.matmul's 6.8 (tests/gpu/results/2026-12-01s, call 1). PREDICTION,
-/// as for [`SKINNY_GEMM_16_SHORT_K`].
+/// at one row against torch.matmul's 6.8 (tests/gpu/results/2026-12-01s, call 1). In the
+/// sweep of tests/gpu/results/2026-12-01t, call B: 7.2 µs at one row and 7.7 at eight (the old
+/// tile 7.3 and 7.5, torch.matmul 7.0 and 7.1); sixteen chunks in flight took 6.6 and 7.1 but
+/// spill on sm_120.
 const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
     template: "gemm_skinny",
     rows: 16,
@@ -1439,8 +1443,9 @@ const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
 /// 2048: 256 tiles, 264 slots on an H200), 128 KiB in flight an SM, all of its share. It took
 /// the narrow 8-column tile (512 blocks: 1.3 waves at three blocks an SM, 64 KiB in flight an
 /// SM) 8.4 µs at one row and 9.5 at eight, torch.matmul 7.7 and 7.3; four blocks an SM (one
-/// wave) 7.2 and 7.8 (tests/gpu/results/2026-12-01s, call 1). PREDICTION, as for
-/// [`SKINNY_GEMM_16_SHORT_K`].
+/// wave) 7.2 and 7.8 (tests/gpu/results/2026-12-01s, call 1). In the sweep of
+/// tests/gpu/results/2026-12-01t, call B: 7.5 µs at one row and 7.6 at eight (the old tile 8.4
+/// and 9.5, four blocks an SM 7.2 and 7.7; torch.matmul 7.9 and 7.5).
 const SKINNY_GEMM_16_ONE_WAVE: GemmTile = GemmTile {
     params: &[
         ("depth", 8),

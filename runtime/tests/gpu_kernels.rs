@@ -2110,6 +2110,101 @@ fn finish_sweep(stem: &str, report: &str, shapes: &[String], failures: &[String]
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// What the tiled and decode GEMM sweeps write: the report's lines, the JSON lines of each
+/// shape's shipped and fastest variant (for `scripts/torch_gemm.py`) and the failures.
+struct Sweep {
+    report: String,
+    shapes: Vec<String>,
+    failures: Vec<String>,
+}
+
+/// One GEMM shape of a sweep, and its fastest passing variant so far.
+struct SweepShape<'a> {
+    phase: &'a str,
+    node: &'a str,
+    rows: u64,
+    weight: [u64; 3],
+    best: Option<(f64, String)>,
+}
+
+impl Sweep {
+    fn new(header: String) -> Sweep {
+        Sweep {
+            report: header,
+            shapes: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    /// One variant's run of `shape`: checked against `want`, timed over `f` at `b`, its line
+    /// written, and its JSON line kept when it is shipped or the fastest passing one so far.
+    fn variant(
+        &mut self,
+        shape: &mut SweepShape,
+        label: &str,
+        shipped: bool,
+        run: &Run,
+        want: &[Tensor],
+        (f, b): (&Function, &Bindings),
+        copy_gbs: f64,
+    ) {
+        let (node, rows, [heads, n, k]) = (shape.node, shape.rows, shape.weight);
+        let err = match worst_error(run, want, b) {
+            Ok(e) => format!("{e:.1e}"),
+            Err(e) => {
+                self.failures.push(format!("{node} variant {label}: {e}"));
+                "FAIL".to_string()
+            }
+        };
+        let t = timed(run, f, b, copy_gbs);
+        let mark = if shipped { "*" } else { "" };
+        let line = format!(
+            "| {rows} | {node} | {heads} × {n} × {k} | {label}{mark} | {err} | {} |",
+            t.cells()
+        );
+        println!("{line}");
+        writeln!(self.report, "{line}").unwrap();
+        let json = |tag: &str| {
+            format!(
+                "{{\"phase\": \"{}\", \"node\": \"{node} [{tag}]\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n}, \"k\": {k}, \"dtype\": \"bf16\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}}}",
+                shape.phase,
+                t.secs * 1e6,
+                t.moved,
+                t.flops
+            )
+        };
+        if shipped {
+            self.shapes.push(json(&format!("shipped {label}")));
+        }
+        if shape.best.as_ref().is_none_or(|(secs, _)| t.secs < *secs) && err != "FAIL" {
+            if !shipped {
+                self.shapes
+                    .retain(|s| !s.contains(&format!("{node} [best ")));
+                self.shapes.push(json(&format!("best {label}")));
+            }
+            shape.best = Some((t.secs, label.to_string()));
+        }
+    }
+
+    /// The shape's fastest variant, as a line of its own.
+    fn best(&mut self, shape: &SweepShape) {
+        if let Some((secs, label)) = &shape.best {
+            writeln!(
+                self.report,
+                "| {} | {} | best | {label} | | {:.1} | | | |",
+                shape.rows,
+                shape.node,
+                secs * 1e6
+            )
+            .unwrap();
+        }
+    }
+
+    fn finish(&self, stem: &str) {
+        finish_sweep(stem, &self.report, &self.shapes, &self.failures);
+    }
+}
+
 /// The tiled GEMM (`gemm_mma.cu`) in [`TILED_GEMM`] and each of [`TILED_GEMM_VARIANTS`] on every
 /// GLM-5 prefill GEMM it runs (one node per distinct kernel) at 4096 rows: each variant checked
 /// against the interpreter (computed at 67 rows, the inputs repeated to 4096, as
@@ -2156,13 +2251,11 @@ fn glm5_tiled_gemm_variants_are_timed() {
         })
         .collect();
     compile_all(&dev, &sources);
-    let mut report = format!(
+    let mut sweep = Sweep::new(format!(
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; \
          variant = block tile, warps, K step, stages, blocks an SM, row tiles a group; * = shipped\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
-    );
-    let mut shapes = Vec::new();
-    let mut failures = Vec::new();
+    ));
     let (small, rows) = (67u64, 4096u64);
     for (node, mini, mm, w, first) in &cases {
         let [heads, n_cols, k] = weight_shape(w);
@@ -2192,54 +2285,29 @@ fn glm5_tiled_gemm_variants_are_timed() {
             .map(|t| repeat_rows(t, small as usize, rows as usize))
             .collect();
         let b = Bindings::from([("s".into(), rows), ("t".into(), rows)]);
-        let mut best: Option<(f64, TiledGemm)> = None;
+        let mut shape = SweepShape {
+            phase: "prefill",
+            node,
+            rows,
+            weight: [heads, n_cols, k],
+            best: None,
+        };
         for &v in &variants {
             let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &lower(v));
-            let err = match worst_error(&run, &want, &b) {
-                Ok(e) => format!("{e:.1e}"),
-                Err(e) => {
-                    failures.push(format!("{node} variant {v}: {e}"));
-                    "FAIL".to_string()
-                }
-            };
-            let t = timed(&run, mini, &b, copy_gbs);
             let shipped = v == shipped_tiled_gemm(k);
-            let mark = if shipped { "*" } else { "" };
-            let line = format!(
-                "| {rows} | {node} | {heads} × {n_cols} × {k} | {v}{mark} | {err} | {} |",
-                t.cells()
+            sweep.variant(
+                &mut shape,
+                &v.to_string(),
+                shipped,
+                &run,
+                &want,
+                (mini, &b),
+                copy_gbs,
             );
-            println!("{line}");
-            writeln!(report, "{line}").unwrap();
-            let json = |label: &str| {
-                format!(
-                    "{{\"phase\": \"prefill\", \"node\": \"{node} [{label}]\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"bf16\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}}}",
-                    t.secs * 1e6,
-                    t.moved,
-                    t.flops
-                )
-            };
-            if shipped {
-                shapes.push(json(&format!("shipped {v}")));
-            }
-            if best.is_none_or(|(secs, _)| t.secs < secs) && !err.starts_with("FAIL") {
-                best = Some((t.secs, v));
-                if !shipped {
-                    shapes.retain(|s| !s.contains(&format!("{node} [best ")));
-                    shapes.push(json(&format!("best {v}")));
-                }
-            }
         }
-        if let Some((secs, v)) = best {
-            writeln!(
-                report,
-                "| {rows} | {node} | best | {v} | | {:.1} | | | |",
-                secs * 1e6
-            )
-            .unwrap();
-        }
+        sweep.best(&shape);
     }
-    finish_sweep("tiled", &report, &shapes, &failures);
+    sweep.finish("tiled");
 }
 
 /// Every GLM-5 decode GEMM above 16 rows (one node per distinct kernel) at 64 rows in
@@ -2304,13 +2372,11 @@ fn glm5_decode_gemm_variants_are_timed() {
             format!("{t} K/{splits}")
         }
     };
-    let mut report = format!(
+    let mut sweep = Sweep::new(format!(
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; \
          variant = the 64-row skinny GEMM, or the tiled one's block tile, warps, K step, stages, blocks an SM, row tiles a group and K splits; * = shipped\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
-    );
-    let mut shapes = Vec::new();
-    let mut failures = Vec::new();
+    ));
     let rows = 64u64;
     for p in &cases {
         let (node, mini, mm) = (&p.node, &p.mini, &p.module);
@@ -2318,55 +2384,29 @@ fn glm5_decode_gemm_variants_are_timed() {
         let b = Bindings::from([("b".into(), rows), ("t".into(), 4096)]);
         let ins = inputs(mini, &b, &mut rng, 154_880, 4096);
         let want = interpret(mm, mini, &ins).unwrap();
-        let mut best: Option<(f64, String)> = None;
+        let mut shape = SweepShape {
+            phase: "decode",
+            node,
+            rows,
+            weight: [heads, n_cols, k],
+            best: None,
+        };
         for &v in &variants {
-            let label = name(v, mm);
             let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &lower(v));
-            let err = match worst_error(&run, &want, &b) {
-                Ok(e) => format!("{e:.1e}"),
-                Err(e) => {
-                    failures.push(format!("{node} variant {label}: {e}"));
-                    "FAIL".to_string()
-                }
-            };
-            let t = timed(&run, mini, &b, copy_gbs);
             let shipped = v == DECODE_GEMM;
-            let mark = if shipped { "*" } else { "" };
-            let line = format!(
-                "| {rows} | {node} | {heads} × {n_cols} × {k} | {label}{mark} | {err} | {} |",
-                t.cells()
+            sweep.variant(
+                &mut shape,
+                &name(v, mm),
+                shipped,
+                &run,
+                &want,
+                (mini, &b),
+                copy_gbs,
             );
-            println!("{line}");
-            writeln!(report, "{line}").unwrap();
-            let json = |tag: &str| {
-                format!(
-                    "{{\"phase\": \"decode\", \"node\": \"{node} [{tag}]\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"bf16\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}}}",
-                    t.secs * 1e6,
-                    t.moved,
-                    t.flops
-                )
-            };
-            if shipped {
-                shapes.push(json(&format!("shipped {label}")));
-            }
-            if best.as_ref().is_none_or(|(secs, _)| t.secs < *secs) && err != "FAIL" {
-                if !shipped {
-                    shapes.retain(|s| !s.contains(&format!("{node} [best ")));
-                    shapes.push(json(&format!("best {label}")));
-                }
-                best = Some((t.secs, label));
-            }
         }
-        if let Some((secs, label)) = best {
-            writeln!(
-                report,
-                "| {rows} | {node} | best | {label} | | {:.1} | | | |",
-                secs * 1e6
-            )
-            .unwrap();
-        }
+        sweep.best(&shape);
     }
-    finish_sweep("decode64", &report, &shapes, &failures);
+    sweep.finish("decode64");
 }
 
 /// `shape` of values a bf16 holds exactly, uniform in [−1, 1) times `scale`.
