@@ -2116,6 +2116,7 @@ struct Sweep {
     report: String,
     shapes: Vec<String>,
     failures: Vec<String>,
+    copy_gbs: f64,
 }
 
 /// One GEMM shape of a sweep, and its fastest passing variant so far.
@@ -2128,11 +2129,12 @@ struct SweepShape<'a> {
 }
 
 impl Sweep {
-    fn new(header: String) -> Sweep {
+    fn new(header: String, copy_gbs: f64) -> Sweep {
         Sweep {
             report: header,
             shapes: Vec::new(),
             failures: Vec::new(),
+            copy_gbs,
         }
     }
 
@@ -2146,7 +2148,6 @@ impl Sweep {
         run: &Run,
         want: &[Tensor],
         (f, b): (&Function, &Bindings),
-        copy_gbs: f64,
     ) {
         let (node, rows, [heads, n, k]) = (shape.node, shape.rows, shape.weight);
         let err = match worst_error(run, want, b) {
@@ -2156,7 +2157,7 @@ impl Sweep {
                 "FAIL".to_string()
             }
         };
-        let t = timed(run, f, b, copy_gbs);
+        let t = timed(run, f, b, self.copy_gbs);
         let mark = if shipped { "*" } else { "" };
         let line = format!(
             "| {rows} | {node} | {heads} × {n} × {k} | {label}{mark} | {err} | {} |",
@@ -2255,7 +2256,7 @@ fn glm5_tiled_gemm_variants_are_timed() {
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; \
          variant = block tile, warps, K step, stages, blocks an SM, row tiles a group; * = shipped\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
-    ));
+    ), copy_gbs);
     let (small, rows) = (67u64, 4096u64);
     for (node, mini, mm, w, first) in &cases {
         let [heads, n_cols, k] = weight_shape(w);
@@ -2295,15 +2296,7 @@ fn glm5_tiled_gemm_variants_are_timed() {
         for &v in &variants {
             let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &lower(v));
             let shipped = v == shipped_tiled_gemm(k);
-            sweep.variant(
-                &mut shape,
-                &v.to_string(),
-                shipped,
-                &run,
-                &want,
-                (mini, &b),
-                copy_gbs,
-            );
+            sweep.variant(&mut shape, &v.to_string(), shipped, &run, &want, (mini, &b));
         }
         sweep.best(&shape);
     }
@@ -2376,7 +2369,7 @@ fn glm5_decode_gemm_variants_are_timed() {
         "copy roofline measured in this run: {copy_gbs:.0} GB/s; mma.sync ceiling {MMA_SYNC_TFLOPS} TFLOP/s; \
          variant = the 64-row skinny GEMM, or the tiled one's block tile, warps, K step, stages, blocks an SM, row tiles a group and K splits; * = shipped\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
-    ));
+    ), copy_gbs);
     let rows = 64u64;
     for p in &cases {
         let (node, mini, mm) = (&p.node, &p.mini, &p.module);
@@ -2394,15 +2387,7 @@ fn glm5_decode_gemm_variants_are_timed() {
         for &v in &variants {
             let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &lower(v));
             let shipped = v == DECODE_GEMM;
-            sweep.variant(
-                &mut shape,
-                &name(v, mm),
-                shipped,
-                &run,
-                &want,
-                (mini, &b),
-                copy_gbs,
-            );
+            sweep.variant(&mut shape, &name(v, mm), shipped, &run, &want, (mini, &b));
         }
         sweep.best(&shape);
     }
