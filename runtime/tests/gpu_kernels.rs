@@ -1174,13 +1174,7 @@ fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
             })
             .collect();
         let (ids, _) = sample_rows_on_gpu(&dev, cols, &rows, false);
-        for (i, ((row, t, p, u), &id)) in rows.iter().zip(&ids).enumerate() {
-            let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
-            assert_eq!(
-                id, want,
-                "{cols} tokens, draw {i} (u={u}): GPU token {id}, interpreter {want}"
-            );
-        }
+        assert_interpreter_tokens(&rows, &ids, |i| format!("{cols} tokens, draw {i}"));
         writeln!(
             report,
             "{cols}-token rows: all {} draws the interpreter's",
@@ -1203,14 +1197,12 @@ fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
             ));
         }
         let (ids, _) = sample_rows_on_gpu(&dev, vocab, &rows, false);
-        for (i, ((row, t, p, u), &id)) in rows.iter().zip(&ids).enumerate() {
-            let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
-            let kind = kinds[(i + batch) % kinds.len()].0;
-            assert_eq!(
-                id, want,
-                "batch {batch}, row {i} ({kind}, T={t}, top-p {p}, u={u}): GPU token {id}, interpreter {want}"
-            );
-        }
+        assert_interpreter_tokens(&rows, &ids, |i| {
+            format!(
+                "batch {batch}, row {i} ({})",
+                kinds[(i + batch) % kinds.len()].0
+            )
+        });
         writeln!(
             report,
             "batch {batch} of {vocab}-token rows: every token the interpreter's"
@@ -1225,13 +1217,9 @@ fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
                 .map(|i| (row.as_slice(), *t, *p, sampling::uniform(13, 0, i as u64)))
                 .collect();
             let (ids, secs) = sample_rows_on_gpu(&dev, vocab, &rows, true);
-            for (i, ((row, t, p, u), &id)) in rows.iter().zip(&ids).enumerate() {
-                let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
-                assert_eq!(
-                    id, want,
-                    "replayed, batch {batch}, row {i} ({name}): GPU token {id}, interpreter {want}"
-                );
-            }
+            assert_interpreter_tokens(&rows, &ids, |i| {
+                format!("replayed, batch {batch}, row {i} ({name})")
+            });
             writeln!(
                 report,
                 "{name}, T={t}, top-p {p}, batch {batch}: {:.1} us",
@@ -1242,6 +1230,19 @@ fn top_p_sampling_on_the_gpu_has_the_nucleus_distribution() {
     }
     print!("{report}");
     std::fs::write(out_dir().join("sampling.txt"), report).unwrap();
+}
+
+/// Each GPU token `ids[i]` is the interpreter's for `rows[i]`; `what(i)` names the row.
+fn assert_interpreter_tokens(rows: &[SampleRow], ids: &[i64], what: impl Fn(usize) -> String) {
+    for (i, ((row, t, p, u), &id)) in rows.iter().zip(ids).enumerate() {
+        let want = sampling::sample_row(row, *t, *p, *u).map_or(-1, |k| k as i64);
+        assert_eq!(
+            id,
+            want,
+            "{} (T={t}, top-p {p}, u={u}): GPU token {id}, interpreter {want}",
+            what(i)
+        );
+    }
 }
 
 /// Rows of GLM-5's vocabulary, one per path of `sample.top_p`: (name, logits, T, top-p).
