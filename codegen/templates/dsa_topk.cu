@@ -253,24 +253,20 @@ extern "C" __global__ void __launch_bounds__(1024, 1) {{ name }}(
             atomicMax(&bin_hi, b);
         }
         __syncthreads();
-        unsigned ulo = bin_lo, uhi = bin_hi;
-        while (ulo < uhi) {
-            const int shift = max(0, 32 - __clz((int)(uhi - ulo)) - 10);
-            const int bins = (int)((uhi - ulo) >> shift) + 1;
+        {{ name }}_Range r{ bin_lo, bin_hi, 0 };
+        while (r.lo < r.hi) {
+            const int bins = r.open();
             if (tid < bins) hist[tid] = 0u;
             __syncthreads();
             {{ name }}_visit(x, spilled, s, n, [&](float f, bool in) {
                 const unsigned u = {{ name }}_order(f);
-                if (in && u >= ulo && u <= uhi) atomicAdd(&hist[(u - ulo) >> shift], 1u);
+                if (in && r.holds(u)) atomicAdd(&hist[r.bin(u)], 1u);
             });
             __syncthreads();
             {{ name }}_pick(hist, bins, want, sums, sel);
-            const unsigned base = ulo + (sel[0] << shift);
-            want -= sel[1];
-            uhi = base + min(uhi - base, (1u << shift) - 1u);
-            ulo = base;
+            r.keep(sel, want);
         }
-        threshold = ulo;
+        threshold = r.lo;
         ties = want;
     }
 

@@ -1,6 +1,6 @@
 {#- The device functions both dsa.topk kernels share (prefixed by the kernel's name): a score's
-    order-preserving u32 and back, its canonical form, a block's exclusive scan, and the ordered
-    write's per-slot steps. #}
+    order-preserving u32 and back, its canonical form, a block's exclusive scan, the radix
+    narrowing of the cut's range, and the ordered write's per-slot steps. #}
 // The order-preserving u32 of a canonical score, and back.
 __device__ __forceinline__ unsigned {{ name }}_order(float f) {
     const unsigned u = __float_as_uint(f);
@@ -38,6 +38,33 @@ __device__ __forceinline__ unsigned {{ name }}_scan(unsigned v, unsigned* sums, 
     const unsigned below = __shfl_sync(0xffffffffu, w, warp ? warp - 1 : 0);
     return (warp ? below : 0u) + inclusive - v;
 }
+
+// The range [lo, hi] of order-preserving u32s that holds the cut, narrowed pass by pass: a pass
+// counts the range's values in at most 1024 bins of 2^shift values each (`open`), then keeps the
+// bin the pick chose (`keep`), until one value is left.
+struct {{ name }}_Range {
+    unsigned lo, hi;
+    int shift;
+
+    // Starts a pass; returns its number of bins.
+    __device__ __forceinline__ int open() {
+        shift = max(0, 32 - __clz((int)(hi - lo)) - 10);
+        return (int)((hi - lo) >> shift) + 1;
+    }
+
+    __device__ __forceinline__ bool holds(unsigned u) const { return u >= lo && u <= hi; }
+
+    __device__ __forceinline__ unsigned bin(unsigned u) const { return (u - lo) >> shift; }
+
+    // sel = {bin, values in better bins, ..} from the pick: the range becomes that bin and `want`
+    // counts the values still wanted within it.
+    __device__ __forceinline__ void keep(const unsigned* sel, unsigned& want) {
+        const unsigned base = lo + (sel[0] << shift);
+        want -= sel[1];
+        hi = base + min(hi - base, (1u << shift) - 1u);
+        lo = base;
+    }
+};
 
 // The write's per-slot steps for key j of score f: count the slot's keys
 // above t and equal to t in this warp, then (with `at` the counts before the warp's slot) write

@@ -319,17 +319,16 @@ extern "C" __global__ void __launch_bounds__(512, 2) {{ name }}(
         }
         arrived += p.parts;
         {{ name }}_arrive(w, arrived);
-        unsigned ulo = __ldcg(w + 1), uhi = __ldcg(w + 2);
-        for (int pass = 0; ulo < uhi; ++pass) {
-            const int shift = max(0, 32 - __clz((int)(uhi - ulo)) - 10);
-            const int bins = (int)((uhi - ulo) >> shift) + 1;
+        {{ name }}_Range r{ __ldcg(w + 1), __ldcg(w + 2), 0 };
+        for (int pass = 0; r.lo < r.hi; ++pass) {
+            const int bins = r.open();
             hist[tid] = 0u;
             hist[tid + THREADS] = 0u;
             __syncthreads();
 #pragma unroll
             for (int v = 0; v < SLOTS; ++v) {
                 const unsigned u = {{ name }}_order(x[v]);
-                if (in(v) && u >= ulo && u <= uhi) atomicAdd(&hist[(u - ulo) >> shift], 1u);
+                if (in(v) && r.holds(u)) atomicAdd(&hist[r.bin(u)], 1u);
             }
             __syncthreads();
             unsigned* const rowwide = w + {{ name }}_PASS + pass * BINS;
@@ -338,12 +337,9 @@ extern "C" __global__ void __launch_bounds__(512, 2) {{ name }}(
             arrived += p.parts;
             {{ name }}_arrive(w, arrived);
             {{ name }}_pick(rowwide, bins, want, sums, sel);
-            const unsigned base = ulo + (sel[0] << shift);
-            want -= sel[1];
-            uhi = base + min(uhi - base, (1u << shift) - 1u);
-            ulo = base;
+            r.keep(sel, want);
         }
-        threshold = ulo;
+        threshold = r.lo;
         ties = want;
         // Each part's keys above and equal to T (≤ 512 each a warp, so one word holds both).
         unsigned gt = 0u, eq = 0u;
