@@ -134,7 +134,7 @@ pub fn function_cost(f: &Function, bindings: &Bindings) -> Vec<OpCost> {
                 dense_until,
                 ..
             } => attention(node.op.name(), &ins, outs, *sparse, *dense_until, bindings),
-            Op::DsaScore {} => {
+            Op::DsaScore { .. } => {
                 let (n, h, d) = (
                     dim(&ins[0], 0, bindings),
                     dim(&ins[0], 1, bindings),

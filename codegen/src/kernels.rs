@@ -388,7 +388,7 @@ fn lower_op(cx: &NodeCtx) -> Result<Lowering, String> {
             scale,
             sparse,
         } => attention(cx, true, *sparse, *dense_until, *scale),
-        Op::DsaScore {} => dsa_score(cx),
+        Op::DsaScore { weight_scale } => dsa_score(cx, *weight_scale),
         Op::DsaTopk { k } => dsa_topk(cx, *k),
         Op::MoeRoute {
             n_group,
@@ -1715,6 +1715,15 @@ fn matmul(
         return Err(format!("x has {} rows, the output {y_rows}", xl.rows));
     }
     let tile = tile.unwrap_or_else(|| gemm_tile(x, w, &xl, &x_head, k, cx.tiled_gemm));
+    // A matmul whose x is narrower than its weight (a folded widening cast) loads each in its
+    // own dtype, which only the SIMT kernels do; gemm_tile picks them for anything but bf16.
+    let simt = tile.template == SIMT_GEMV.template || tile.template == SIMT_GEMM.template;
+    if x.dtype != w.dtype && !simt {
+        return Err(format!(
+            "x is {} and the weight {}: the {} kernel takes one dtype",
+            x.dtype, w.dtype, tile.template
+        ));
+    }
     let mut cols = n;
     // Under argmax the logits are rounded to the dtype the unfused matmul stores them in.
     let y_dtype = match argmax {
@@ -2341,6 +2350,9 @@ pub(super) struct ScoreOperands<'a> {
     q_row: Poly,
     q_head: Poly,
     w_row: Poly,
+    /// The folded head-weight `scale` (1 when none): each kernel rounds `w · w_scale` to w's
+    /// dtype, as `elementwise.cu` stores a scale (the factor passed as f32).
+    w_scale: f64,
     rows: Poly,
     out_row: Poly,
     /// Keys per row of the scores.
@@ -2362,6 +2374,7 @@ impl ScoreOperands<'_> {
             int("q_head", self.q_head.clone()),
             cx.ptr("w", self.w),
             int("w_row", self.w_row.clone()),
+            float("w_scale", self.w_scale),
             cx.ptr("k", self.k),
             int("k_seq", self.kc.seq.clone()),
             int("k_key", self.kc.key.clone()),
@@ -2374,7 +2387,10 @@ impl ScoreOperands<'_> {
     }
 }
 
-pub(super) fn score_operands<'a>(cx: &'a NodeCtx) -> Result<ScoreOperands<'a>, String> {
+pub(super) fn score_operands<'a>(
+    cx: &'a NodeCtx,
+    w_scale: f64,
+) -> Result<ScoreOperands<'a>, String> {
     let out = &cx.outputs[0];
     let (q, w, k, positions) = (
         &cx.operands[0],
@@ -2404,6 +2420,7 @@ pub(super) fn score_operands<'a>(cx: &'a NodeCtx) -> Result<ScoreOperands<'a>, S
         q_row,
         q_head,
         w_row,
+        w_scale,
         rows,
         out_row,
         keys,
@@ -2413,15 +2430,15 @@ pub(super) fn score_operands<'a>(cx: &'a NodeCtx) -> Result<ScoreOperands<'a>, S
     })
 }
 
-fn dsa_score(cx: &NodeCtx) -> Result<Lowering, String> {
+fn dsa_score(cx: &NodeCtx, w_scale: f64) -> Result<Lowering, String> {
     // bf16 operands in tiles of 16 take the tensor cores; the f32 validation mode and other
     // shapes keep the SIMT kernel below, whose launch says why.
-    let why_not_mma = match prefill::mma_score(cx) {
+    let why_not_mma = match prefill::mma_score(cx, w_scale) {
         Ok(l) => return Ok(l),
         Err(why) => why,
     };
     cx.sources.borrow_mut().clear();
-    let o = score_operands(cx)?;
+    let o = score_operands(cx, w_scale)?;
     let (heads, dim) = (o.heads, o.dim);
     let shared = heads * (dim + 1) * 4 + heads * 4;
     if shared > STATIC_SHARED_LIMIT {

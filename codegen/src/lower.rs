@@ -713,7 +713,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                     | Op::CacheUpdateNorm { .. }
                     | Op::MlaAttend { .. }
                     | Op::MlaAttendAbsorbed { .. }
-                    | Op::DsaScore {}
+                    | Op::DsaScore { .. }
             );
             let mut operand_locs = operand_locs;
             if !reads_slot && st.slot.is_some() {

@@ -1,6 +1,8 @@
 // dsa.score for a decode on the tensor cores: I(n, j) = Σ_h w[n,h] · relu(q[n,h]·k[j]) over
-// {{ heads }} heads of {{ dim }} dims, −inf for j > position, f32 throughout. Each row reads a
-// cache of its own, so the work is a stream of keys against a query a row: bandwidth bound.
+// {{ heads }} heads of {{ dim }} dims, −inf for j > position, f32 throughout, w first scaled by
+// w_scale and rounded to w's dtype as `scale` stores it (the folded head-weight scale; 1 when
+// none). Each row reads a cache of its own, so the work is a stream of keys against a query a
+// row: bandwidth bound.
 //
 // The grid is persistent (as many blocks as the target's SMs hold at once: two per SM of the
 // H200, one on SM120): the rows' 128-key
@@ -46,7 +48,7 @@ __device__ __forceinline__ unsigned ld_pair(const bf16* p) { return *reinterpret
 extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
     float* __restrict__ out, i64 out_row,
     const bf16* __restrict__ q, i64 q_row, i64 q_head,
-    const {{ w_t }}* __restrict__ w, i64 w_row,
+    const {{ w_t }}* __restrict__ w, i64 w_row, float w_scale,
     const bf16* __restrict__ k, i64 k_seq, i64 k_key,
     const i64* __restrict__ positions, i64 rows, i64 keys{%- if slotted %},
     const i64* __restrict__ cache_slot, i64 k_slot{%- endif %})
@@ -91,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) wh[mi][e] = ld(w + row * w_row + mi * 16 + g + e * 8);
+            for (int e = 0; e < 2; ++e) wh[mi][e] = rnd<{{ w_t }}>(ld(w + row * w_row + mi * 16 + g + e * 8) * w_scale);
 #pragma unroll
             for (int kk = 0; kk < KK; ++kk) {
                 const bf16* const p = qr + (mi * 16 + g) * q_head + kk * 16 + t4 * 2;

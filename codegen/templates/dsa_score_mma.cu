@@ -1,5 +1,6 @@
 // dsa.score on the tensor cores: I(n, j) = Σ_h w[n,h] · relu(q[n,h]·k[j]) over {{ heads }} heads of
-// {{ dim }} dims, −inf for j > position, f32 throughout.
+// {{ dim }} dims, −inf for j > position, f32 throughout; w[n,h] is first scaled by w_scale and
+// rounded to w's dtype, as `scale` stores it (the folded head-weight scale; 1 when none).
 //
 // A block of 8 warps takes {{ rows }} query row(s) and a chunk of {{ tiles }} × 128 keys: the
 // row-heads of its rows ({{ rows }} × {{ heads }}) are the M side of one GEMM against the keys,
@@ -37,7 +38,7 @@ __host__ __device__ constexpr int tile_elems(int rows) { return rows * (C % 8 ==
 extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     float* __restrict__ out, i64 out_row,
     const bf16* __restrict__ q, i64 q_row, i64 q_head,
-    const {{ w_t }}* __restrict__ w, i64 w_row,
+    const {{ w_t }}* __restrict__ w, i64 w_row, float w_scale,
     const bf16* __restrict__ k, i64 k_seq, i64 k_key,
     const i64* __restrict__ positions, i64 rows, i64 keys{%- if slotted %},
     const i64* __restrict__ cache_slot, i64 k_slot{%- endif %})
@@ -65,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) {{ name }}(
     for (int i = tid; i < ROWS; i += THREADS) pos_s[i] = row0 + i < rows ? positions[row0 + i] : -1;
     for (int i = tid; i < ROWS * H; i += THREADS) {
         const i64 row = row0 + i / H;
-        ws[i] = row < rows ? ld(w + row * w_row + i % H) : 0.f;
+        ws[i] = row < rows ? rnd<{{ w_t }}>(ld(w + row * w_row + i % H) * w_scale) : 0.f;
     }
     for (int i = tid; i < ROWS * H * C; i += THREADS) {
         const int rh = i / C, c = i % C;

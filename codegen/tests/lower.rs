@@ -770,6 +770,59 @@ fn indexer_scores_take_the_tensor_cores_in_bf16() {
     }
 }
 
+/// In bf16 the f32 router reads the norm's bf16 output (its widening cast folded in): the SIMT
+/// GEMMs load x and w in dtypes of their own, the GEMV at decode and the tiled SIMT kernel at
+/// prefill, with no cast launched before them; and every indexer's head-weight scale is an
+/// argument of its score kernel instead of a launch.
+#[test]
+fn the_bf16_router_reads_bf16_rows_and_the_scores_scale_their_weights() {
+    let (_, m) = common::module_with("tiny-sparse.ron", |c| c.dtype = glmc_ir::DType::BF16);
+    for (l, file) in [
+        (lowered("glm5.ron", Target::Sm120), "glm5"),
+        (
+            lower_module(&m, Target::Sm120, LIMITS).unwrap(),
+            "tiny bf16",
+        ),
+    ] {
+        for (phase_name, template) in [("decode", "gemv"), ("prefill", "matmul")] {
+            let launches: Vec<_> = phase(&l, phase_name)
+                .launches()
+                .filter(|x| x.node.ends_with(".mlp.gate"))
+                .collect();
+            assert!(!launches.is_empty(), "{file} {phase_name}");
+            for x in launches {
+                let k = l.kernels.iter().find(|k| k.name == x.kernel).unwrap();
+                assert_eq!(k.template, template, "{file} {phase_name}");
+                assert_eq!(
+                    (&*k.params["x_t"], &*k.params["w_t"], &*k.params["y_t"]),
+                    ("bf16", "float", "float"),
+                    "{file} {phase_name}"
+                );
+            }
+            for x in phase(&l, phase_name).launches() {
+                assert!(
+                    !x.node.ends_with(".mlp.gate.input_f32")
+                        && !x.node.ends_with(".indexer.head_weights"),
+                    "{file} {phase_name}: {} {}",
+                    x.op,
+                    x.node
+                );
+            }
+            let scores: Vec<_> = phase(&l, phase_name)
+                .launches()
+                .filter(|x| x.op == "dsa.score")
+                .collect();
+            assert!(!scores.is_empty(), "{file} {phase_name}");
+            for x in scores {
+                assert!(
+                    x.args.iter().any(|a| a.name == "w_scale"),
+                    "{file} {phase_name}"
+                );
+            }
+        }
+    }
+}
+
 /// A greedy build's `matmul.argmax` runs as three launches sharing one scratch slot per row:
 /// clearing the slots, the few-row GEMM of the dtype with the argmax epilogue (the skinny
 /// tensor-core kernel in bf16, the GEMV in f32; at decode and for prefill's last row alike),

@@ -114,7 +114,9 @@ ops! {
     /// `start..start + V/N`, `ids int[..]` → `[.., D]`, the row of an id in that range and zeros
     /// for any other id, so an `all_reduce` over the ranks gives `embed` of the whole table.
     EmbedShard "embed.shard" [Arity::Exact(2)] { start: u64 }
-    /// `x [.., K]`, `w [N, K]` → `[.., N]`.
+    /// `x [.., K]`, `w [N, K]` → `[.., N]` in w's dtype. x has w's dtype, or is bf16 or f16
+    /// against an f32 `w` (`fuse-elementwise` folds the widening `cast` of x into the matmul):
+    /// widening is exact, so that equals the matmul of x cast to f32.
     Matmul "matmul" [Arity::Exact(2)] {}
     /// Per-head linear: `x [.., H, K]`, `w [H, N, K]` → `[.., H, N]`.
     MatmulHeads "matmul.heads" [Arity::Exact(2)] {}
@@ -192,9 +194,11 @@ ops! {
     MlaAttendAbsorbed "mla.attend.absorbed" [Arity::Exact(if *sparse { 6 } else { 5 })] {
         dense_until: u64, scale: f64, sparse: bool,
     }
-    /// DSA indexer scores `Σ_h w[n,h] · relu(q[n,h]·k[t])`: `q [n,Hi,D]`, `w [n,Hi]`,
-    /// `k [(b,)t,D]`, `positions [n]` → `f32 [n,t]`, `−inf` where `t > position`.
-    DsaScore "dsa.score" [Arity::Exact(4)] {}
+    /// DSA indexer scores `Σ_h w'[n,h] · relu(q[n,h]·k[t])`: `q [n,Hi,D]`, `w [n,Hi]`,
+    /// `k [(b,)t,D]`, `positions [n]` → `f32 [n,t]`, `−inf` where `t > position`. `w'` is `w`
+    /// scaled as `scale` with factor `weight_scale` would (the product rounded to w's dtype):
+    /// the builder sets 1, and `fuse-elementwise` folds the head weights' `scale` in.
+    DsaScore "dsa.score" [Arity::Exact(4)] { weight_scale: f64 }
     /// The `k` best keys per row of `scores [n,t]` among `t ≤ position` (higher score, then lower
     /// index) → `i64 [n,k]` in ascending key order, padded with −1 when a row has fewer than `k`
     /// keys. A set, not a ranking: attention over it does not depend on the order, and key order

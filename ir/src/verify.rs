@@ -341,11 +341,15 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             rank("x", x[0], 1..=4)?;
             rank("w", x[1], 2..=2)?;
             float("x", x[0])?;
-            same_dtype(x[0], x[1])?;
+            let widened =
+                matches!(x[0].dtype, DType::BF16 | DType::F16) && x[1].dtype == DType::F32;
+            if !widened {
+                same_dtype(x[0], x[1])?;
+            }
             same_dim("inner dims of x and w", last(x[0]), &x[1].shape[1])?;
             let mut shape = x[0].shape.clone();
             *shape.last_mut().unwrap() = x[1].shape[0].clone();
-            one(x[0].with_shape(shape))
+            one(TensorType::new(x[1].dtype, shape))
         }
         Op::MatmulHeads {} => {
             rank("x", x[0], 2..=4)?;
@@ -411,6 +415,8 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         Op::MatmulRope {
             period, start, end, ..
         } => {
+            // The rope epilogue's GEMMs take one dtype.
+            same_dtype(x[0], x[1])?;
             let out = infer(&Op::Matmul {}, &x[..2])?.remove(0);
             rank("output", &out, 2..=4)?;
             positions(x[2], &out.shape[0])?;
@@ -613,7 +619,7 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
             }
             one(q_abs.clone())
         }
-        Op::DsaScore {} => {
+        Op::DsaScore { .. } => {
             let (q, w, k) = (x[0], x[1], x[2]);
             rank("q", q, 3..=3)?;
             rank("w", w, 2..=2)?;
@@ -764,6 +770,7 @@ pub fn infer(op: &Op, x: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         }
         Op::MatmulArgmax {} => {
             rank("x", x[0], 2..=2)?;
+            same_dtype(x[0], x[1])?;
             let logits = infer(&Op::Matmul {}, x)?.remove(0);
             let n = logits_rows(&logits)?;
             one(TensorType::new(DType::I64, vec![n]))

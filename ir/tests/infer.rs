@@ -128,9 +128,35 @@ fn matmul() {
         &["bf16[s,t]", "bf16[4,s]"],
         &["inner dims", "t vs s"],
     );
+    // A narrow x against f32 weights (a folded widening cast) gives w's dtype; nothing else
+    // mixes.
+    assert_eq!(
+        ok(Op::Matmul {}, &["bf16[s,16]", "f32[32,16]"]),
+        "f32[s,32]"
+    );
+    assert_eq!(ok(Op::Matmul {}, &["f16[s,16]", "f32[32,16]"]), "f32[s,32]");
+    for (x, w) in [
+        ("f32[s,16]", "bf16[32,16]"),
+        ("bf16[s,16]", "f16[32,16]"),
+        ("f8e4m3[s,16]", "f32[32,16]"),
+    ] {
+        err(Op::Matmul {}, &[x, w], &["dtypes differ"]);
+    }
+    // The fused GEMMs take one dtype.
     err(
-        Op::Matmul {},
+        Op::MatmulArgmax {},
         &["bf16[s,16]", "f32[32,16]"],
+        &["dtypes differ: bf16 vs f32"],
+    );
+    err(
+        Op::MatmulRope {
+            interleaved: true,
+            theta: 10000.0,
+            period: 32,
+            start: 0,
+            end: 8,
+        },
+        &["bf16[s,16]", "f32[32,16]", "i64[s]"],
         &["dtypes differ: bf16 vs f32"],
     );
     err(
@@ -576,25 +602,25 @@ fn mla_attend_absorbed() {
 fn dsa_score_and_topk() {
     assert_eq!(
         ok(
-            Op::DsaScore {},
+            Op::DsaScore { weight_scale: 1.0 },
             &["bf16[s,2,4]", "bf16[s,2]", "bf16[t,4]", "i64[s]"]
         ),
         "f32[s,t]"
     );
     assert_eq!(
         ok(
-            Op::DsaScore {},
+            Op::DsaScore { weight_scale: 1.0 },
             &["bf16[b,2,4]", "bf16[b,2]", "bf16[b,t,4]", "i64[b]"]
         ),
         "f32[b,t]"
     );
     err(
-        Op::DsaScore {},
+        Op::DsaScore { weight_scale: 1.0 },
         &["bf16[s,2,4]", "bf16[s,3]", "bf16[t,4]", "i64[s]"],
         &["heads of q and w differ: 3 vs 2"],
     );
     err(
-        Op::DsaScore {},
+        Op::DsaScore { weight_scale: 1.0 },
         &["bf16[s,2,4]", "bf16[s,2]", "bf16[t,5]", "i64[s]"],
         &["dims of q and k differ: 5 vs 4"],
     );

@@ -463,7 +463,7 @@ fn indexer(cx: &mut Ctx, i: usize, x: Value, q_lat: Value) -> Result<Value, Veri
     let w = cx.op(Op::Scale { factor }, format!("{p}.head_weights"), &[w])?;
     let positions = cx.positions;
     let scores = cx.op(
-        Op::DsaScore {},
+        Op::DsaScore { weight_scale: 1.0 },
         format!("{p}.scores"),
         &[q, w, k_cache, positions],
     )?;

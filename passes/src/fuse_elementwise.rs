@@ -29,16 +29,32 @@
 //!   every other reader of a value on the chain is a last-axis slice that misses the rotated
 //!   columns (in every head), P has rank ≥ 2 (its rows, axis 0, are then the rope's rows), and
 //!   the positions do not depend on P. A matmul gets at most one rotated range, so a second
-//!   rope on the same projection stays a rope.
+//!   rope on the same projection stays a rope. Not done on a matmul whose x and weight differ
+//!   in dtype (the rope epilogue's GEMMs take one).
+//! - **`dsa.score` head-weight scale**: `w = scale(v, factor)` read (as its `w`) by a
+//!   `dsa.score` whose `weight_scale` is 1 becomes that `dsa.score` reading `v` with
+//!   `weight_scale = factor`, which scales `v` as the `scale` did (rounded to v's dtype), so its
+//!   scores are the same bits. Made only when the scale has no other reader and is no result;
+//!   a score that already folds a factor keeps the `scale` (two roundings are not one).
+//! - **widening cast into `matmul`**: `c = cast(x)` from bf16 or f16 to f32, read (as its `x`)
+//!   by a `matmul` with f32 weights, becomes that matmul reading `x` in its narrow dtype: the
+//!   widening is exact, so the product is the same. Made only when the cast has no other reader
+//!   and is no result; a narrowing cast, or a matmul whose weights are not f32, is left alone.
+//!
+//! Both folds remove a node and keep the reader's name; the folded node's value is gone.
 //!
 //! On GLM-5 that fuses both residual adds of every layer into the norms that follow them (the
 //! first layer's input norm reads the embedding and stays), the dense MLPs' and the shared
 //! experts' activations, and three of the four ropes of every layer: the query's `q_pe`
 //! (q_b_proj, period 256, columns 192..256), the indexer query's (wq_b, period 128, columns
 //! 0..64) and the latent key's `k_pe` (the fused attention-input projection, columns
-//! 2560..2624 of 2784). The indexer key's rope reads `k_norm`, a layernorm, and stays.
+//! 2560..2624 of 2784). The indexer key's rope reads `k_norm`, a layernorm, and stays. Every
+//! indexer's head-weight scale (2^-6, its `weights_proj` slice of the fused projection) goes
+//! into its `dsa.score`, and every MoE layer's router (`mlp.gate`, f32 weights) reads the
+//! post-attention norm's bf16 output instead of its f32 cast (`mlp.gate.input_f32`): at decode
+//! each is a launch of next to no work fewer a layer.
 
-use glmc_ir::{Dim, Function, Module, NodeIndex, Op, Value};
+use glmc_ir::{DType, Dim, Function, Module, NodeIndex, Op, Value};
 use petgraph::algo::has_path_connecting;
 
 use crate::pass::{Pass, PassError};
@@ -61,6 +77,8 @@ impl Pass for FuseElementwise {
             changed |= fuse_add_rmsnorm(f);
             changed |= fuse_swiglu(f);
             changed |= fuse_matmul_rope(f);
+            changed |= fold_score_weight_scale(f);
+            changed |= fold_widening_cast(f);
         }
         Ok(changed)
     }
@@ -158,6 +176,56 @@ fn fuse_swiglu(f: &mut Function) -> bool {
         let g = input(f, act.node);
         f.replace_op(mul, Op::Swiglu {}, &[g, u]);
         f.graph.remove_node(act.node);
+        changed = true;
+    }
+    changed
+}
+
+fn fold_score_weight_scale(f: &mut Function) -> bool {
+    let mut changed = false;
+    for score in nodes_where(f, |op| matches!(op, Op::DsaScore { .. })) {
+        let Op::DsaScore { weight_scale } = f.node(score).op else {
+            unreachable!("selected above")
+        };
+        let [q, w, k, positions] = f.operands(score)[..] else {
+            continue;
+        };
+        let Op::Scale { factor } = f.node(w.node).op else {
+            continue;
+        };
+        if weight_scale != 1.0 || f.users(w).len() != 1 || is_result(f, w) {
+            continue;
+        }
+        let v = input(f, w.node);
+        let op = Op::DsaScore {
+            weight_scale: factor,
+        };
+        f.replace_op(score, op, &[q, v, k, positions]);
+        f.graph.remove_node(w.node);
+        changed = true;
+    }
+    changed
+}
+
+fn fold_widening_cast(f: &mut Function) -> bool {
+    let mut changed = false;
+    for matmul in nodes_where(f, |op| *op == Op::Matmul {}) {
+        let [c, w] = f.operands(matmul)[..] else {
+            continue;
+        };
+        if f.node(c.node).op != (Op::Cast { dtype: DType::F32 })
+            || f.value_type(w).dtype != DType::F32
+            || f.users(c).len() != 1
+            || is_result(f, c)
+        {
+            continue;
+        }
+        let x = input(f, c.node);
+        if !matches!(f.value_type(x).dtype, DType::BF16 | DType::F16) {
+            continue;
+        }
+        f.replace_op(matmul, Op::Matmul {}, &[x, w]);
+        f.graph.remove_node(c.node);
         changed = true;
     }
     changed
@@ -265,6 +333,12 @@ fn rope_epilogue(f: &Function, rope: NodeIndex) -> Option<RopeEpilogue> {
         }
     }
     let matmul = v.node;
+    let [x_in, w_in] = f.operands(matmul)[..] else {
+        return None;
+    };
+    if f.value_type(x_in).dtype != f.value_type(w_in).dtype {
+        return None;
+    }
     let out = f.value_type(matmul.into());
     let width = out.shape.last()?.as_const()?;
     if out.rank() < 2 || depends_on(f, positions, matmul) {

@@ -10,9 +10,9 @@
 //! The rewrite: `sample.argmax(L)` where `L` is `P = matmul(x, W)` with `x [n, K]`, or
 //! `cast(P)` to f32 (a widening, which keeps every value and so the argmax), becomes
 //! `matmul.argmax(x, W)`, which keeps the argmax's name (`next_token`). Made only when `P` (and
-//! the cast) has no reader but the next node of the chain and is no function result: anything
-//! else still needs the logits. The interpreter computes the fused op as `sample.argmax` of
-//! `matmul`, so both graphs give the same tokens.
+//! the cast) has no reader but the next node of the chain and is no function result (anything
+//! else still needs the logits), and `x` has W's dtype. The interpreter computes the fused op
+//! as `sample.argmax` of `matmul`, so both graphs give the same tokens.
 
 use glmc_ir::{DType, Function, Module, NodeIndex, Op, Value};
 
@@ -83,10 +83,13 @@ fn logits_chain(f: &Function, argmax: NodeIndex) -> Option<Chain> {
         }
         _ => logits,
     };
-    let [x, _] = f.operands(product.node)[..] else {
+    let [x, w] = f.operands(product.node)[..] else {
         return None;
     };
-    let plain = f.node(product.node).op == Op::Matmul {} && f.value_type(x).rank() == 2;
+    // `matmul.argmax` takes one dtype (a matmul may read x narrower than its weights).
+    let plain = f.node(product.node).op == Op::Matmul {}
+        && f.value_type(x).rank() == 2
+        && f.value_type(x).dtype == f.value_type(w).dtype;
     plain.then_some(Chain {
         matmul: product.node,
         dead,

@@ -1,6 +1,7 @@
-//! The ops `fuse-elementwise` introduces (`add.rmsnorm`, `swiglu`, `matmul.rope`): their type
-//! inference, their interpreter semantics against the unfused composition, the text round trip,
-//! and the pass's match conditions on small hand-built graphs, fusing and refusing.
+//! The ops `fuse-elementwise` introduces (`add.rmsnorm`, `swiglu`, `matmul.rope`) and its folds
+//! (a scale into `dsa.score`, a widening cast into `matmul`): their type inference, their
+//! interpreter semantics against the unfused composition, the text round trip, and the pass's
+//! match conditions on small hand-built graphs, fusing and refusing.
 
 use std::collections::HashMap;
 
@@ -822,5 +823,131 @@ fn refuses_a_per_head_rope_when_another_slice_of_the_flat_projection_overlaps_a_
     );
     g.result("pe", pe);
     g.result("flat", flat);
+    assert_refused(&g);
+}
+
+/// `dsa.score(q, scale(v), k, positions)` over 3 rows, 2 heads of 4 dims and 5 keys, with
+/// `v` = `v_t` (the head weights before the scale) and the score's `weight_scale` as given.
+struct ScoreGraph {
+    g: Graph,
+    v: Value,
+    head_weights: Value,
+    score: Value,
+}
+
+fn score_graph(v_t: &str, weight_scale: f64) -> ScoreGraph {
+    let mut rng = Rng(47);
+    let mut g = Graph::new();
+    let q = g.input("q", "bf16[3,2,4]", rng.tensor(&[3, 2, 4]));
+    let v = g.input("v", v_t, rng.tensor(&[3, 2]));
+    let k = g.input("k", "bf16[5,4]", rng.tensor(&[5, 4]));
+    let pos = g.input(
+        "positions",
+        "i64[3]",
+        Tensor::i64(vec![3], vec![2, 3, 4]).unwrap(),
+    );
+    let head_weights = g.op(Op::Scale { factor: 0.177 }, "head_weights", &[v]);
+    let score = g.op(
+        Op::DsaScore { weight_scale },
+        "scores",
+        &[q, head_weights, k, pos],
+    );
+    ScoreGraph {
+        g,
+        v,
+        head_weights,
+        score,
+    }
+}
+
+#[test]
+fn folds_the_head_weight_scale_into_the_score() {
+    for v_t in ["bf16[3,2]", "f32[3,2]"] {
+        let mut s = score_graph(v_t, 1.0);
+        s.g.result("scores", s.score);
+        let fused = assert_fuses_exactly(&s.g, &["dsa.score"]);
+        let f = &fused.functions[0];
+        let n = f.find("scores").unwrap();
+        assert_eq!(
+            f.node(n).op,
+            Op::DsaScore {
+                weight_scale: 0.177
+            }
+        );
+        assert_eq!(f.operands(n)[1], s.v);
+        assert!(f.find("head_weights").is_none());
+    }
+}
+
+#[test]
+fn refuses_the_head_weight_scale_when_read_elsewhere_returned_or_already_folded() {
+    let mut s = score_graph("bf16[3,2]", 1.0);
+    s.g.result("scores", s.score);
+    s.g.result("head_weights", s.head_weights);
+    assert_refused(&s.g);
+
+    let mut s = score_graph("bf16[3,2]", 1.0);
+    let twice =
+        s.g.op(Op::Add {}, "twice", &[s.head_weights, s.head_weights]);
+    s.g.result("scores", s.score);
+    s.g.result("twice", twice);
+    assert_refused(&s.g);
+
+    let mut s = score_graph("bf16[3,2]", 0.5);
+    s.g.result("scores", s.score);
+    assert_refused(&s.g);
+}
+
+/// `matmul(cast(x, to), w)` of 3 rows, 8 inputs and 4 outputs.
+fn cast_matmul_graph(x_t: &str, to: DType, w_t: &str) -> (Graph, Value, Value, Value, Value) {
+    let mut rng = Rng(53);
+    let mut g = Graph::new();
+    let x = g.input("x", x_t, rng.tensor(&[3, 8]));
+    let w = g.input("w", w_t, rng.tensor(&[4, 8]));
+    let c = g.op(Op::Cast { dtype: to }, "x_cast", &[x]);
+    let y = g.op(Op::Matmul {}, "y", &[c, w]);
+    (g, x, w, c, y)
+}
+
+#[test]
+fn folds_a_widening_cast_into_an_f32_matmul() {
+    for x_t in ["bf16[3,8]", "f16[3,8]"] {
+        let (mut g, x, w, _, y) = cast_matmul_graph(x_t, DType::F32, "f32[4,8]");
+        g.result("y", y);
+        let fused = assert_fuses_exactly(&g, &["matmul"]);
+        let f = &fused.functions[0];
+        let n = f.find("y").unwrap();
+        assert_eq!(f.operands(n), vec![x, w]);
+        assert_eq!(f.node(n).outputs[0], ty("f32[3,4]"));
+        assert!(f.find("x_cast").is_none());
+    }
+}
+
+#[test]
+fn refuses_a_cast_read_elsewhere_returned_narrowing_or_into_a_non_f32_matmul() {
+    let (mut g, _, _, c, y) = cast_matmul_graph("bf16[3,8]", DType::F32, "f32[4,8]");
+    g.result("y", y);
+    g.result("x_cast", c);
+    assert_refused(&g);
+
+    let (mut g, _, _, c, y) = cast_matmul_graph("bf16[3,8]", DType::F32, "f32[4,8]");
+    let relu = g.op(Op::Relu {}, "relu", &[c]);
+    g.result("y", y);
+    g.result("relu", relu);
+    assert_refused(&g);
+
+    // Narrowing: the cast rounds, so the matmul must read what it made.
+    let (mut g, _, _, _, y) = cast_matmul_graph("f32[3,8]", DType::BF16, "bf16[4,8]");
+    g.result("y", y);
+    assert_refused(&g);
+
+    // A widening cast into a matmul whose weights are not f32.
+    let (mut g, _, _, _, y) = cast_matmul_graph("bf16[3,8]", DType::F16, "f16[4,8]");
+    g.result("y", y);
+    assert_refused(&g);
+
+    // An f32 cast of f32 changes nothing but is no widening either.
+    let (mut g, _, _, _, y) = cast_matmul_graph("f32[3,8]", DType::F32, "f32[4,8]");
+    g.result("y", y);
     assert_refused(&g);
 }

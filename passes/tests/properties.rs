@@ -35,7 +35,7 @@ fn indexer_leftovers(module: &Module) -> Vec<String> {
                 found.push(format!("{what}: named after the indexer"));
             }
             match &node.op {
-                Op::DsaScore {} | Op::DsaTopk { .. } => {
+                Op::DsaScore { .. } | Op::DsaTopk { .. } => {
                     found.push(format!("{what}: an indexer op"))
                 }
                 Op::MlaAttend { sparse: true, .. } | Op::MlaAttendAbsorbed { sparse: true, .. } => {

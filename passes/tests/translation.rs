@@ -22,7 +22,7 @@ mod support;
 
 use std::collections::HashMap;
 
-use glmc_ir::{print_module, Module};
+use glmc_ir::{print_module, DType, Module};
 use glmc_models::{IndexerConfig, IndexerLayerType, ModelConfig};
 use glmc_passes::select_attention::index_topk;
 use glmc_passes::{pipeline, AttentionChoice, PassError, PipelineOptions, PIPELINE};
@@ -273,6 +273,39 @@ fn tiny_sparse_random_weights() {
         Workload::random(config.vocab_size, 12, (5, 4), 2, s)
     });
     assert!(case.workloads[0].max_context() > 8 && case.workloads.len() == 2);
+    validate(&case);
+}
+
+/// The bf16 build: besides what the f32 one covers, its router reads the norm's output through
+/// a widening cast (`mlp.gate.input_f32`), which `fuse-elementwise` folds into the router's
+/// matmul, as it folds every indexer's head-weight scale into its `dsa.score`.
+#[test]
+fn tiny_sparse_bf16_random_weights() {
+    let mut config = shipped("tiny-sparse.ron");
+    config.dtype = DType::BF16;
+    let case = random_case("tiny-sparse (bf16)", &config, 0, |s| {
+        Workload::random(config.vocab_size, 12, (5, 4), 2, s)
+    });
+    let ops = |m: &Module, op: &str, suffix: &str| -> usize {
+        m.functions
+            .iter()
+            .flat_map(|f| f.graph.node_weights())
+            .filter(|n| n.op.name() == op && n.name.ends_with(suffix))
+            .count()
+    };
+    let (fused, _) = apply(
+        "fuse-elementwise",
+        AttentionChoice::Auto,
+        &apply("fuse-mla-projections", AttentionChoice::Auto, &case.module)
+            .unwrap()
+            .0,
+    )
+    .unwrap();
+    // Both phases: three MoE layers' router casts and three full indexers' scales.
+    assert_eq!(ops(&case.module, "cast", ".mlp.gate.input_f32"), 6);
+    assert_eq!(ops(&case.module, "scale", ".indexer.head_weights"), 6);
+    assert_eq!(ops(&fused, "cast", ".mlp.gate.input_f32"), 0);
+    assert_eq!(ops(&fused, "scale", ".indexer.head_weights"), 0);
     validate(&case);
 }
 

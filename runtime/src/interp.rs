@@ -566,10 +566,13 @@ impl Interpreter {
                     *scale,
                 )?)
             }
-            Op::DsaScore {} => {
+            Op::DsaScore { weight_scale } => {
                 let rows = a(0).shape().first().copied().unwrap_or(0);
                 let pos = env.positions(a(3), rows)?;
-                one(attention::dsa_score(a(0), a(1), a(2), &pos)?)
+                let factor = *weight_scale;
+                // The folded `scale`, computed as `scale` is.
+                let w = kernels::unary(a(1), move |x| x * factor)?;
+                one(attention::dsa_score(a(0), &w, a(2), &pos)?)
             }
             Op::DsaTopk { k } => {
                 let rows = a(0).shape().first().copied().unwrap_or(0);

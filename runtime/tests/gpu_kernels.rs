@@ -753,7 +753,12 @@ fn check_node(
             kernels.join(",")
         ));
     }
-    let mut reference = interpret(&mini_module, &mini, &ins)?;
+    let mut reference = match node.op {
+        Op::DsaScore { weight_scale } => {
+            scores_of_stored_weights(&mini_module, &mini, &ins, weight_scale)?
+        }
+        _ => interpret(&mini_module, &mini, &ins)?,
+    };
     if let Op::AddRmsNorm { .. } = node.op {
         reference[0] = norm_of_stored_sum(&run, &mini_module, &mini, &ins, &b)?;
     }
@@ -767,6 +772,46 @@ fn check_node(
         worst = worst.max(compare(&gpu, &want, at.dtype)?);
     }
     Ok(format!("max err {worst:.2e} via {}", kernels.join(",")))
+}
+
+/// The reference for a `dsa.score` that folds the head weights' `scale`: the interpreter's scores
+/// of the weights as the unfused `scale` kernel stores them. The kernel rounds `w · factor` (in
+/// f32, the factor passed as f32) to w's dtype, as `elementwise.cu` stores a `scale` and as the
+/// unfused score then reads it; the interpreter keeps the product in f32, which against a bf16
+/// `w` is up to 2^-9 of a weight off (GLM-5's 2^-6 is exact, the tiny models' 1/√32 is not),
+/// past the f32 bound of the scores.
+fn scores_of_stored_weights(
+    m: &Module,
+    mini: &Function,
+    ins: &[Tensor],
+    weight_scale: f64,
+) -> Result<Vec<Tensor>, String> {
+    let w = input_of_operand(mini, 1);
+    for k in [0, 2, 3] {
+        assert_ne!(
+            input_of_operand(mini, k),
+            w,
+            "dsa.score's operand {k} shares the head weights' input"
+        );
+    }
+    let node = mini.results[0].1.node;
+    let dtype = mini.value_type(mini.operands(node)[1]).dtype;
+    let factor = weight_scale as f32;
+    let scaled: Vec<f32> = ins[w]
+        .as_f32()
+        .unwrap()
+        .iter()
+        .map(|x| x * factor)
+        .collect();
+    let mut stored = ins.to_vec();
+    stored[w] = Tensor::f32(ins[w].shape().to_vec(), scaled)
+        .unwrap()
+        .rounded_to(dtype);
+    let mut unfolded = mini.clone();
+    unfolded.graph[node].op = Op::DsaScore { weight_scale: 1.0 };
+    let mut m = m.clone();
+    m.functions = vec![unfolded.clone()];
+    interpret(&m, &unfolded, &stored)
 }
 
 /// The reference for `add.rmsnorm`'s normalised output: the interpreter's norm of the sum the
@@ -3368,7 +3413,12 @@ fn glm5_indexer_matches_and_is_timed() {
             let w = f.push_input(1, "w", ty(dtype, vec![row.clone(), c(HEADS)]));
             let k = f.push_input(2, "k", ty(dtype, k_shape.clone()));
             let p = f.push_input(3, "positions", ty(DType::I64, vec![row.clone()]));
-            let node = f.push(Op::DsaScore {}, "scores", &[q, w, k, p]).unwrap();
+            // GLM-5's head-weight scale, as fuse-elementwise folds it: (32 × 128)^-0.5 = 2^-6,
+            // exact in bf16, so the interpreter's unrounded product is the kernels' too.
+            let op = Op::DsaScore {
+                weight_scale: ((HEADS * DIM) as f64).powf(-0.5),
+            };
+            let node = f.push(op, "scores", &[q, w, k, p]).unwrap();
             f.results.push(("scores".into(), node.into()));
             let mut m = Module::new("indexer");
             m.functions.push(f.clone());

@@ -412,7 +412,7 @@ fn dsa_score_matches_naive_on_a_batched_cache() {
     let k = rng.tensor(&[n, t, di], 1.0);
     let positions = [0usize, 4, 2];
     let out = run_op_ok(
-        Op::DsaScore {},
+        Op::DsaScore { weight_scale: 1.0 },
         vec![
             (ftype(&[n, hi, di]), q.clone()),
             (ftype(&[n, hi]), w.clone()),

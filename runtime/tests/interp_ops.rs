@@ -282,7 +282,7 @@ fn dsa_score_by_hand() {
     // Row 1 (position 2): heads [0,-1], [2,2]; w = [1, -1].
     //   j0: relu(0) − relu(2) = −2;  j1: relu(-1) − relu(2) = −2;  j2: relu(-1) − relu(4) = −4.
     let out = run_op_ok(
-        Op::DsaScore {},
+        Op::DsaScore { weight_scale: 1.0 },
         vec![
             (
                 f(&["n", "2", "2"]),

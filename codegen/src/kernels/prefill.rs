@@ -125,9 +125,10 @@ pub(super) fn flash_attention(cx: &NodeCtx, scale: f64) -> Result<Lowering, Stri
     Ok(b.launch(grid, args))
 }
 
-/// `dsa.score` with bf16 queries and keys on the tensor cores.
-pub(super) fn mma_score(cx: &NodeCtx) -> Result<Lowering, String> {
-    let o = score_operands(cx)?;
+/// `dsa.score` with bf16 queries and keys on the tensor cores, its head weights scaled by
+/// `w_scale`.
+pub(super) fn mma_score(cx: &NodeCtx, w_scale: f64) -> Result<Lowering, String> {
+    let o = score_operands(cx, w_scale)?;
     let (heads, dim, kc) = (o.heads, o.dim, &o.kc);
     if !heads.is_multiple_of(16) || !dim.is_multiple_of(16) {
         return Err(format!(

@@ -196,7 +196,7 @@ impl Builder {
             &[hw],
         );
         let scores = self.op(
-            Op::DsaScore {},
+            Op::DsaScore { weight_scale: 1.0 },
             format!("{ix}.scores"),
             &[iq, hw, ik_cache, pos],
         );

@@ -634,7 +634,7 @@ pub fn run_with_gaps(
                 Op::Weight { .. } if name.ends_with(".mlp.gate.e_score_correction_bias") => {
                     seen.insert(name.to_string(), Held::of(outs[0]));
                 }
-                Op::DsaScore {} => {
+                Op::DsaScore { .. } => {
                     let k = k.expect("a dsa.score implies a dsa.topk");
                     let p = name
                         .strip_suffix(".scores")
