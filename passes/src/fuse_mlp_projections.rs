@@ -50,8 +50,7 @@ type Pair = [(NodeIndex, NodeIndex); 2];
 
 /// The MLPs of `f` whose gate and up projections can be fused, by name prefix.
 fn pairs(f: &Function) -> Vec<(String, Pair)> {
-    let mut found: BTreeMap<(String, Value), [Option<(NodeIndex, NodeIndex)>; 2]> =
-        BTreeMap::new();
+    let mut found: BTreeMap<(String, Value), [Option<(NodeIndex, NodeIndex)>; 2]> = BTreeMap::new();
     for n in f.graph.node_indices() {
         let node = f.node(n);
         if node.op != (Op::Matmul {}) {

@@ -560,7 +560,11 @@ impl<'f> Partition<'f> {
         let degree = self.tp.degree;
         match op {
             Op::Matmul {} if i == 1 && axis == 0 => Ok(Some(parts)),
-            Op::Slice { axis: a, start, end } if *a as usize == axis => {
+            Op::Slice {
+                axis: a,
+                start,
+                end,
+            } if *a as usize == axis => {
                 let block = self.f.value_type(operands[0]).shape[axis]
                     .as_const()
                     .expect("a stacked value's axis is constant")

@@ -510,7 +510,10 @@ fn the_split_layout_names_the_axes_the_ranks_split() {
     assert_eq!(axis("decode", "model.layers.0.mlp.gate_proj"), Some(1));
     assert_eq!(axis("decode", "model.layers.0.mlp.up_proj"), Some(1));
     // A rank's [gate block; up block] is no block of the single-device [gate; up].
-    assert_eq!(axis("decode", "model.layers.0.mlp.[gate_proj;up_proj]"), None);
+    assert_eq!(
+        axis("decode", "model.layers.0.mlp.[gate_proj;up_proj]"),
+        None
+    );
     assert_eq!(axis("prefill", "model.layers.0.self_attn.o_proj"), None);
     assert_eq!(
         axis("prefill", "model.layers.0.self_attn.o_proj.weight"),

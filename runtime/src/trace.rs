@@ -877,7 +877,11 @@ pub fn compare_ranks(
                 });
             }
         }
-        match (found, partial.contains(&key(ea)), stacked.contains(&key(ea))) {
+        match (
+            found,
+            partial.contains(&key(ea)),
+            stacked.contains(&key(ea)),
+        ) {
             (true, _, _) => {}
             (false, true, _) => comparison.partial_skipped += 1,
             (false, false, true) => comparison.stacked_skipped += 1,
