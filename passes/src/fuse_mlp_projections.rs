@@ -45,12 +45,15 @@ impl Pass for FuseMlpProjections {
     }
 }
 
-/// `[gate, up]`: each `(matmul, weight)`.
-type Pair = [(NodeIndex, NodeIndex); 2];
+/// A projection: its `(matmul, weight)`.
+type Projection = (NodeIndex, NodeIndex);
+
+/// `[gate, up]`.
+type Pair = [Projection; 2];
 
 /// The MLPs of `f` whose gate and up projections can be fused, by name prefix.
 fn pairs(f: &Function) -> Vec<(String, Pair)> {
-    let mut found: BTreeMap<(String, Value), [Option<(NodeIndex, NodeIndex)>; 2]> = BTreeMap::new();
+    let mut found: BTreeMap<(String, Value), [Option<Projection>; 2]> = BTreeMap::new();
     for n in f.graph.node_indices() {
         let node = f.node(n);
         if node.op != (Op::Matmul {}) {
