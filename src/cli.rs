@@ -73,7 +73,9 @@ pub struct PipelineArgs {
     /// Optimisation level: -O0 runs no optimisation pass (select-attention still applies), -O1 all.
     #[arg(short = 'O', default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub opt_level: u8,
-    /// Skip a pass by name (repeatable); `glmc dump --after '.*'` lists them.
+    /// Skip a pass by name (repeatable): fuse-mla-projections, fuse-mlp-projections,
+    /// select-attention, absorb-mla, fuse-elementwise, fuse-cache-update, fuse-lm-head-argmax,
+    /// lower-moe, cse, dce (`glmc dump --after '.*'` shows each one's effect).
     #[arg(long = "disable-pass", value_name = "NAME")]
     pub disable_pass: Vec<String>,
     /// Override the config's `attention` choice.

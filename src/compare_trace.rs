@@ -41,6 +41,12 @@ pub fn run(args: &CompareTraceArgs) -> anyhow::Result<ExitCode> {
             c.partial_skipped
         );
     }
+    if c.stacked_skipped > 0 {
+        println!(
+            "skipped {} entries of A that B's ranks hold as their block of each part of a stacked GEMM output (the fused MLP gate/up): the slices that take each part are compared, block by block",
+            c.stacked_skipped
+        );
+    }
     let Some(d) = &c.first_divergence else {
         println!("no divergence beyond rtol {}", args.rtol);
         return Ok(ExitCode::SUCCESS);

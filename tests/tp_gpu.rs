@@ -499,7 +499,7 @@ fn traced_tp2_check_finite_passes_a_healthy_run_and_names_the_rank() {
         &[("GLMC_TEST_BREAK_NODE", fault.as_str())],
     );
     assert_eq!(r.code, Some(2), "{fault}: stderr:\n{}", r.stderr);
-    let named = format!("node \"{node}\" (matmul, in layer 0, on rank 1) produced");
+    let named = format!("node \"{node}\" (slice, in layer 0, on rank 1) produced");
     assert!(
         r.stderr.contains(&named) && r.stderr.contains("during prefill@0"),
         "{fault}: stderr lacks {named:?}:\n{}",

@@ -1445,7 +1445,10 @@ const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
 /// SM) 8.4 µs at one row and 9.5 at eight, torch.matmul 7.7 and 7.3; four blocks an SM (one
 /// wave) 7.2 and 7.8 (tests/gpu/results/2026-12-01s, call 1). In the sweep of
 /// tests/gpu/results/2026-12-01t, call B: 7.5 µs at one row and 7.6 at eight (the old tile 8.4
-/// and 9.5, four blocks an SM 7.2 and 7.7; torch.matmul 7.9 and 7.5).
+/// and 9.5, four blocks an SM 7.2 and 7.7; torch.matmul 7.9 and 7.5). A narrow weight of a
+/// longer K whose 8-column tiles would spill past one wave takes it too, by the same arithmetic:
+/// the shared expert's fused gate/up (4096 × 6144, 256 tiles) keeps a third of K in flight,
+/// still 128 KiB an SM, against the narrow tile's 512 blocks in 1.3 waves (a prediction).
 const SKINNY_GEMM_16_ONE_WAVE: GemmTile = GemmTile {
     params: &[
         ("depth", 8),
@@ -1574,6 +1577,8 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
     let one_deep_wave = weight_columns(w).is_some_and(|c| c.div_ceil(8) <= 2 * sms);
     // 16-column tiles that do.
     let one_wave = weight_columns(w).is_some_and(|c| c.div_ceil(16) <= 2 * sms);
+    // Narrow 8-column tiles past one wave at three blocks an SM.
+    let narrow_spills = weight_columns(w).is_some_and(|c| c.div_ceil(8) > 3 * sms);
     // A few rows' time is the weight's bytes over the bytes an SM has in flight, plus a DRAM
     // round trip or two a wave, so a weight that fits one wave gets a tile that puts all of it
     // (or most, at 9–16 chunks) in flight from the start. The short-K, mid-K and one-wave tiles
@@ -1585,6 +1590,9 @@ fn gemm(cx: &NodeCtx, heads: bool, rope: Option<&RopeColumns>) -> Result<Lowerin
         9..=16 => SKINNY_GEMM_16_MID_K,
         _ if is_narrow(w) && one_deep_wave => SKINNY_GEMM_16_NARROW_DEEP,
         17..=64 if one_wave => SKINNY_GEMM_16_ONE_WAVE,
+        // The wq_b case at any K: the shared expert's fused gate/up (4096 × 6144) would be 512
+        // narrow blocks, 1.3 waves on an H200.
+        _ if is_narrow(w) && narrow_spills && one_wave => SKINNY_GEMM_16_ONE_WAVE,
         _ if is_narrow(w) => SKINNY_GEMM_16_NARROW,
         17..=64 if many_tiles => SKINNY_GEMM_16_STREAMED,
         _ => SKINNY_GEMM_16,

@@ -31,6 +31,10 @@ pub enum Shard {
     Split { axis: u32 },
     /// This rank's addend of a sum over the ranks, whole only after an `all_reduce`.
     Partial,
+    /// Block `rank` of each of `parts` equal contiguous parts along `axis`, in order: a GEMM over
+    /// a stacked weight whose parts are each split by rows (`[gate block; up block]`). No
+    /// single-device value holds this block; the slices that take each part are `Split`.
+    Stacked { axis: u32, parts: u32 },
 }
 
 /// An edge: which operand of the consumer it feeds, from which output of the producer.

@@ -465,7 +465,8 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    /// A node's optional ` tp=split(AXIS)` or ` tp=partial` after its name.
+    /// A node's optional ` tp=split(AXIS)`, ` tp=stacked(AXIS, PARTS)` or ` tp=partial` after
+    /// its name.
     fn shard(&mut self) -> Result<Option<Shard>, ParseError> {
         if self.tok != Tok::Ident("tp".into()) {
             return Ok(None);
@@ -473,28 +474,38 @@ impl<'a> Parser<'a> {
         self.advance()?;
         self.expect_punct('=')?;
         let here = self.err("");
-        match self.ident("`split` or `partial`")?.as_str() {
+        match self.ident("`split`, `stacked` or `partial`")?.as_str() {
             "partial" => Ok(Some(Shard::Partial)),
             "split" => {
                 self.expect_punct('(')?;
-                let axis = match self.tok {
-                    Tok::Int(n) if (0..=u32::MAX as i128).contains(&n) => n as u32,
-                    _ => {
-                        return Err(self.err(format!(
-                            "expected the split axis, found {}",
-                            self.describe()
-                        )))
-                    }
-                };
-                self.advance()?;
+                let axis = self.shard_number("the split axis")?;
                 self.expect_punct(')')?;
                 Ok(Some(Shard::Split { axis }))
             }
+            "stacked" => {
+                self.expect_punct('(')?;
+                let axis = self.shard_number("the stacked axis")?;
+                self.expect_punct(',')?;
+                let parts = self.shard_number("the number of stacked parts")?;
+                self.expect_punct(')')?;
+                Ok(Some(Shard::Stacked { axis, parts }))
+            }
             other => Err(ParseError {
-                message: format!("tp={other}: a node's tp is `split(AXIS)` or `partial`"),
+                message: format!(
+                    "tp={other}: a node's tp is `split(AXIS)`, `stacked(AXIS, PARTS)` or `partial`"
+                ),
                 ..here
             }),
         }
+    }
+
+    fn shard_number(&mut self, what: &str) -> Result<u32, ParseError> {
+        let n = match self.tok {
+            Tok::Int(n) if (0..=u32::MAX as i128).contains(&n) => n as u32,
+            _ => return Err(self.err(format!("expected {what}, found {}", self.describe()))),
+        };
+        self.advance()?;
+        Ok(n)
     }
 
     fn tensor_type(&mut self) -> Result<TensorType, ParseError> {

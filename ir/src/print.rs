@@ -111,6 +111,9 @@ fn node_line(f: &Function, n: NodeIndex, ids: &HashMap<NodeIndex, usize>) -> Str
         None => {}
         Some(Shard::Split { axis }) => write!(line, " tp=split({axis})").unwrap(),
         Some(Shard::Partial) => line.push_str(" tp=partial"),
+        Some(Shard::Stacked { axis, parts }) => {
+            write!(line, " tp=stacked({axis}, {parts})").unwrap()
+        }
     }
     line
 }

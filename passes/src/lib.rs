@@ -8,6 +8,7 @@ pub mod fuse_cache_update;
 pub mod fuse_elementwise;
 pub mod fuse_lm_head_argmax;
 pub mod fuse_mla_projections;
+pub mod fuse_mlp_projections;
 pub mod lower_moe;
 pub mod manager;
 pub mod pass;

@@ -7,14 +7,16 @@ use crate::fuse_cache_update::FuseCacheUpdate;
 use crate::fuse_elementwise::FuseElementwise;
 use crate::fuse_lm_head_argmax::FuseLmHeadArgmax;
 use crate::fuse_mla_projections::FuseMlaProjections;
+use crate::fuse_mlp_projections::FuseMlpProjections;
 use crate::lower_moe::LowerMoe;
 use crate::manager::PassManager;
 use crate::pass::PassError;
 use crate::select_attention::{AttentionChoice, SelectAttention};
 
 /// Every pass of the pipeline, in the order it runs.
-pub const PIPELINE: [&str; 9] = [
+pub const PIPELINE: [&str; 10] = [
     "fuse-mla-projections",
+    "fuse-mlp-projections",
     "select-attention",
     "absorb-mla",
     "fuse-elementwise",
@@ -49,6 +51,7 @@ pub fn pipeline(options: &PipelineOptions) -> Result<PassManager, PassError> {
     }
     let mut pm = PassManager::new();
     pm.add(FuseMlaProjections);
+    pm.add(FuseMlpProjections);
     pm.add(SelectAttention {
         choice: options.attention,
     });

@@ -6,10 +6,16 @@
 //! | `q_b_proj`, `kv_b_proj` (and W_UKᵀ, W_UV made from it) | rows, by heads | H/N heads per rank |
 //! | `o_proj` | columns (its input, the heads) | `all_reduce` |
 //! | dense `gate_proj`/`up_proj`, `down_proj` | rows; columns | `all_reduce` |
+//! | their fusion `[gate_proj;up_proj]` (`fuse-mlp-projections`) | each part by rows | this rank's rows of each part, `tp=stacked`, then the two slices take `0..I/N` and `I/N..2I/N` |
 //! | routed experts' `gate_proj`/`up_proj`, `down_proj` | their intermediate dimension | partial sum |
 //! | shared expert's `gate_proj`/`up_proj`, `down_proj` | rows; columns | partial sum, added to the experts' before one `all_reduce` |
 //! | `embed_tokens` | rows (vocab) | `embed.shard` (masked lookup), `all_reduce` |
 //! | `lm_head` | rows (vocab) | `all_gather` of the logits |
+//!
+//! The fused MLP weight `[gate; up]` becomes `[gate block; up block]` on a rank, which is no
+//! block of the single-device value (`Shard::Stacked`, which traces skip); the two slices of
+//! the GEMM's output are rewritten to take this rank's half each, and from them on every value
+//! is the unfused graph's block again.
 //!
 //! Everything else is replicated: the fused q_a/kv_a projection, its norms, the latent KV cache,
 //! the whole indexer (every rank computes the same top-k from the same inputs) and the router.
@@ -210,6 +216,9 @@ struct Partition<'f> {
     tp: Tp,
     /// Weight nodes whose recipe was split, with the axis of their value that shrank and why.
     split_weights: HashMap<NodeIndex, (usize, Size)>,
+    /// Values this rank holds block `rank` of each part of (`Shard::Stacked`): the axis, and the
+    /// number of equal parts along it.
+    stacked: HashMap<Value, (usize, u64)>,
     held: HashMap<Value, Held>,
     /// A partial sum → its `all_reduce`.
     reduced: HashMap<Value, Value>,
@@ -223,6 +232,7 @@ impl<'f> Partition<'f> {
             f,
             tp,
             split_weights: HashMap::new(),
+            stacked: HashMap::new(),
             held: HashMap::new(),
             reduced: HashMap::new(),
             retyped: HashSet::new(),
@@ -254,6 +264,14 @@ impl<'f> Partition<'f> {
             .map(|(i, (_, v))| (i, *v))
             .collect();
         for (i, v) in results {
+            if self.stacked.contains_key(&v) {
+                return Err(self.fail(
+                    v.node,
+                    "a function result holds a stacked weight's product, which no collective \
+                     makes whole"
+                        .into(),
+                ));
+            }
             let whole = self.whole(v)?;
             self.f.results[i].1 = whole;
         }
@@ -261,6 +279,9 @@ impl<'f> Partition<'f> {
     }
 
     fn weight(&mut self, n: NodeIndex, recipe: &Recipe) -> Result<(), PassError> {
+        if let Recipe::Concat { axis, parts } = recipe {
+            return self.stacked_weight(n, *axis, parts);
+        }
         let Some((sharded, size)) = self.shard(recipe).map_err(|m| self.fail(n, m))? else {
             return Ok(());
         };
@@ -276,6 +297,91 @@ impl<'f> Partition<'f> {
         node.op = Op::Weight { recipe: sharded };
         node.shard = Some(Shard::Split { axis: axis as u32 });
         self.split_weights.insert(n, (axis, size));
+        self.retyped.insert(n);
+        Ok(())
+    }
+
+    /// A fused weight, `concat` of `parts` along `axis`: replicated when no part is split, else
+    /// each part must be split along `axis` into blocks of one size, and this rank's weight is
+    /// its block of each part, in order (`Shard::Stacked`), as `fuse-mlp-projections` stacks
+    /// the gate and up projections, each split by rows.
+    fn stacked_weight(
+        &mut self,
+        n: NodeIndex,
+        axis: u64,
+        parts: &[Recipe],
+    ) -> Result<(), PassError> {
+        let fail = |p: &Self, m: String| p.fail(n, m);
+        let sharded: Vec<Option<(Recipe, Size)>> = parts
+            .iter()
+            .map(|p| self.shard(p))
+            .collect::<Result<_, _>>()
+            .map_err(|m| fail(self, m))?;
+        if sharded.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let name_of = |p: &Recipe| {
+            p.leaves()
+                .first()
+                .map(|(name, _)| name.clone())
+                .unwrap_or_default()
+        };
+        let mut blocks = Vec::new();
+        let mut whole_rows = HashSet::new();
+        for (part, s) in parts.iter().zip(&sharded) {
+            let Some((block, _)) = s else {
+                return Err(fail(
+                    self,
+                    format!(
+                        "a fused weight concatenates {:?}, which tensor parallelism does not \
+                         split, with tensors it splits; tp-partition cannot split such a weight",
+                        name_of(part)
+                    ),
+                ));
+            };
+            let (before, after) = (
+                shape(part).map_err(|m| fail(self, m))?,
+                shape(block).map_err(|m| fail(self, m))?,
+            );
+            let a = axis as usize;
+            let along_axis = (0..before.len()).all(|i| (before[i] == after[i]) == (i != a));
+            if !along_axis {
+                return Err(fail(
+                    self,
+                    format!(
+                        "a fused weight concatenates {:?} along axis {axis}, and tensor \
+                         parallelism splits it along another axis; tp-partition cannot split \
+                         such a weight",
+                        name_of(part)
+                    ),
+                ));
+            }
+            whole_rows.insert(before[a]);
+            blocks.push(block.clone());
+        }
+        if whole_rows.len() != 1 {
+            return Err(fail(
+                self,
+                format!(
+                    "a fused weight concatenates parts of different sizes {whole_rows:?} along \
+                     axis {axis}; tp-partition splits only equal parts"
+                ),
+            ));
+        }
+        let recipe = Recipe::Concat {
+            axis,
+            parts: blocks,
+        };
+        let new = shape(&recipe).map_err(|m| fail(self, m))?;
+        let node = &mut self.f.graph[n];
+        node.outputs[0] = node.outputs[0].with_shape(new.into_iter().map(Dim::Const).collect());
+        node.op = Op::Weight { recipe };
+        node.shard = Some(Shard::Stacked {
+            axis: axis as u32,
+            parts: parts.len() as u32,
+        });
+        self.stacked
+            .insert(n.into(), (axis as usize, parts.len() as u64));
         self.retyped.insert(n);
         Ok(())
     }
@@ -340,8 +446,8 @@ impl<'f> Partition<'f> {
                 for p in parts {
                     if self.shard(p)?.is_some() {
                         return Err(format!(
-                            "a fused weight concatenates {:?}, which tensor parallelism splits; \
-                             tp-partition splits only unfused weights",
+                            "a recipe nests a concat of {:?}, which tensor parallelism splits; \
+                             tp-partition splits only a weight's outermost concat",
                             p.leaves()
                                 .first()
                                 .map(|(name, _)| name.clone())
@@ -407,8 +513,17 @@ impl<'f> Partition<'f> {
             Op::Add {} if sum_of_partials => Some(Held::Partial),
             _ => None,
         };
+        let stacked = self.stacked_operand(n, &op, &operands)?;
         if operands.iter().any(|v| self.retyped.contains(&v.node)) {
             self.retype(n)?;
+        }
+        if let Some(parts) = stacked {
+            let axis = self.f.node(n).outputs[0].rank() - 1;
+            self.f.graph[n].shard = Some(Shard::Stacked {
+                axis: axis as u32,
+                parts: parts as u32,
+            });
+            self.stacked.insert(n.into(), (axis, parts));
         }
         if let Some(held) = held {
             let node = &mut self.f.graph[n];
@@ -422,6 +537,67 @@ impl<'f> Partition<'f> {
             self.held.insert(n.into(), held);
         }
         Ok(())
+    }
+
+    /// What `n` makes of a stacked operand: a matmul by a weight stacked by rows gives its
+    /// output stacked along the last axis (the parts returned); a slice of the last axis that
+    /// takes one whole part takes this rank's block of it instead (its bounds rewritten here),
+    /// so its output is `Split` like the unfused projection's. Anything else reading a stacked
+    /// value is refused.
+    fn stacked_operand(
+        &mut self,
+        n: NodeIndex,
+        op: &Op,
+        operands: &[Value],
+    ) -> Result<Option<u64>, PassError> {
+        let Some((i, (axis, parts))) = operands
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| self.stacked.get(v).map(|s| (i, *s)))
+        else {
+            return Ok(None);
+        };
+        let degree = self.tp.degree;
+        match op {
+            Op::Matmul {} if i == 1 && axis == 0 => Ok(Some(parts)),
+            Op::Slice {
+                axis: a,
+                start,
+                end,
+            } if *a as usize == axis => {
+                let block = self.f.value_type(operands[0]).shape[axis]
+                    .as_const()
+                    .expect("a stacked value's axis is constant")
+                    / parts;
+                let part = block * degree;
+                if start % part != 0 || end - start != part {
+                    return Err(self.fail(
+                        n,
+                        format!(
+                            "slices {start}..{end} of a value stacked from {parts} parts of \
+                             {part}; tp-partition splits only a slice of one whole part"
+                        ),
+                    ));
+                }
+                let start = start / part * block;
+                self.f.graph[n].op = Op::Slice {
+                    axis: *a,
+                    start,
+                    end: start + block,
+                };
+                Ok(None)
+            }
+            _ => Err(self.fail(
+                n,
+                format!(
+                    "{} reads \"{}\", of which this rank holds its block of each of {parts} \
+                     parts along axis {axis}; tp-partition knows only a matmul by such a weight \
+                     and a slice of one part",
+                    op.name(),
+                    self.f.node(operands[i].node).name
+                ),
+            )),
+        }
     }
 
     /// `v` as a whole value: itself, or the all_reduce of a partial sum, or the all_gather of a

@@ -344,6 +344,72 @@ fn each_rank_reads_only_its_heads_of_q_b_kv_b_and_o_proj() {
     }
 }
 
+/// Each rank's fused MLP weight (`fuse-mlp-projections`, dense and shared expert) is its rows
+/// of gate followed by its rows of up, and the two slices of the GEMM's output take those two
+/// halves: checked on the rows the recipe reads and on the slice bounds.
+#[test]
+fn each_rank_stacks_its_rows_of_gate_and_up() {
+    for (config, degree) in [(six_heads(), 3u64), (shipped("tiny-sparse.ron"), 2)] {
+        let whole = optimised(&build(&config), AttentionChoice::Auto, false);
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = index_checkpoint(&whole, dir.path(), |_| false);
+        let mut seen = 0;
+        for (rank, m) in partition(&whole, degree).unwrap().iter().enumerate() {
+            let rank = rank as u64;
+            for f in &m.functions {
+                for n in f.graph.node_indices() {
+                    let node = f.node(n);
+                    let Some(mlp) = node.name.strip_suffix(".[gate_proj;up_proj]") else {
+                        continue;
+                    };
+                    let at = format!("rank {rank}/{degree}, \"{}\"", node.name);
+                    let w = f.operands(n)[1];
+                    let Op::Weight { recipe } = &f.node(w.node).op else {
+                        panic!("{at}: reads a weight");
+                    };
+                    let leaves: Vec<String> = recipe.leaves().into_iter().map(|l| l.0).collect();
+                    assert_eq!(
+                        leaves,
+                        [
+                            format!("{mlp}.gate_proj.weight"),
+                            format!("{mlp}.up_proj.weight")
+                        ],
+                        "{at}"
+                    );
+                    let t = Checkpoint::materialize(&ckpt, recipe).unwrap();
+                    let (rows, cols) = (t.shape()[0], t.shape()[1]);
+                    let block = rows / 2;
+                    for (row, chunk) in values(&t).chunks(cols).enumerate() {
+                        let want = (rank as usize * block + row % block) as f32;
+                        assert!(chunk.iter().all(|&e| e == want), "{at}: row {row}");
+                    }
+                    let mut slices: Vec<(String, u64, u64)> = f
+                        .users(n.into())
+                        .into_iter()
+                        .map(|(s, _)| match f.node(s).op {
+                            Op::Slice { start, end, .. } => (f.node(s).name.clone(), start, end),
+                            ref op => panic!("{at}: read by {}", op.name()),
+                        })
+                        .collect();
+                    slices.sort();
+                    let b = block as u64;
+                    assert_eq!(
+                        slices,
+                        [
+                            (format!("{mlp}.gate_proj"), 0, b),
+                            (format!("{mlp}.up_proj"), b, 2 * b)
+                        ],
+                        "{at}"
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        // Dense and shared expert, prefill and decode, every rank.
+        assert!(seen >= 4 * degree, "{}: {seen} fused MLPs", config.name);
+    }
+}
+
 /// Rank 1 of tiny-sparse at TP=2, its distinct layers once: the sharded shapes and where the
 /// collectives go. Review with `cargo insta review`.
 #[test]
@@ -384,7 +450,8 @@ fn a_rank_is_partitioned_once_and_within_its_group() {
 }
 
 /// A rank's graph says how each node relates to the single-device value: `tp=split(AXIS)` for
-/// its block, `tp=partial` for its addend of a sum. The text and RON forms keep it.
+/// its block, `tp=stacked(AXIS, PARTS)` for its block of each part of the fused MLP GEMM,
+/// `tp=partial` for its addend of a sum. The text and RON forms keep it.
 #[test]
 fn a_rank_marks_its_blocks_and_partial_sums_and_the_dump_round_trips() {
     let whole = optimised(
@@ -398,6 +465,11 @@ fn a_rank_marks_its_blocks_and_partial_sums_and_the_dump_round_trips() {
         "\"model.layers.0.self_attn.q_b_proj+rope\" tp=split(1)",
         "\"model.layers.0.self_attn.attn\" tp=split(1)",
         "\"model.layers.1.mlp.experts.gate_up\" tp=split(2)",
+        "\"model.layers.0.mlp.[gate_proj;up_proj]\" tp=stacked(1, 2)",
+        "\"model.layers.0.mlp.gate_proj\" tp=split(1)",
+        "\"model.layers.0.mlp.up_proj\" tp=split(1)",
+        "\"model.layers.1.mlp.shared_experts.[gate_proj;up_proj]\" tp=stacked(1, 2)",
+        "\"model.layers.1.mlp.shared_experts.up_proj\" tp=split(1)",
         "\"model.layers.0.self_attn.o_proj.partial\" tp=partial",
         "\"lm_head.shard\" tp=split(1)",
     ] {
@@ -435,6 +507,13 @@ fn the_split_layout_names_the_axes_the_ranks_split() {
         Some(2)
     );
     assert_eq!(axis("prefill", "lm_head"), Some(1));
+    assert_eq!(axis("decode", "model.layers.0.mlp.gate_proj"), Some(1));
+    assert_eq!(axis("decode", "model.layers.0.mlp.up_proj"), Some(1));
+    // A rank's [gate block; up block] is no block of the single-device [gate; up].
+    assert_eq!(
+        axis("decode", "model.layers.0.mlp.[gate_proj;up_proj]"),
+        None
+    );
     assert_eq!(axis("prefill", "model.layers.0.self_attn.o_proj"), None);
     assert_eq!(
         axis("prefill", "model.layers.0.self_attn.o_proj.weight"),

@@ -690,6 +690,10 @@ pub struct Comparison {
     /// `NODE.partial`): nothing of a single-device value to compare them with, so they are
     /// skipped, and the `all_reduce` that makes the sum whole is compared under its own name.
     pub partial_skipped: usize,
+    /// Entries of `a` that `b`'s ranks hold as their block of each part of a stacked value
+    /// (`Shard::Stacked`, a GEMM over `[gate; up]`), no block of the single-device value: they
+    /// are skipped, and the slices that take each part are compared block by block.
+    pub stacked_skipped: usize,
     /// The tensor-parallel degree of `b` when it is a ranks' trace lined up with a
     /// single-device `a`; 1 otherwise.
     pub ranks: u64,
@@ -705,6 +709,7 @@ impl Comparison {
             nodes: 0,
             only_in_a: 0,
             partial_skipped: 0,
+            stacked_skipped: 0,
             ranks,
             first_divergence: None,
             first_topk_divergence: None,
@@ -801,7 +806,8 @@ pub fn compare_traces(a: &Trace, b: &Trace, rtol: f64) -> Result<Comparison, Mis
 /// the whole value after an `all_reduce` or `all_gather` (which carries the node's own name),
 /// in full; a rank's block (`Shard::Split`, the node's name with `.shard` for the vocabulary
 /// blocks of the logits) block by block against the same blocks of the single-device value.
-/// Partial sums are skipped: the `all_reduce` after them is compared instead. The first
+/// Partial sums are skipped: the `all_reduce` after them is compared instead; so are stacked
+/// values (`Shard::Stacked`), whose slices are compared instead. The first
 /// divergence is the first entry of `a`, in execution order, that some rank parts from (the
 /// lowest such rank).
 pub fn compare_ranks(
@@ -815,8 +821,13 @@ pub fn compare_ranks(
     // the `lm_head` all_gather both line up with the single-device `lm_head`.
     let mut index: HashMap<(u64, Key, bool), &TraceEntry> = HashMap::new();
     let mut partial: std::collections::HashSet<Key> = std::collections::HashSet::new();
+    let mut stacked: std::collections::HashSet<Key> = std::collections::HashSet::new();
     for e in b {
         let mut k = key(e);
+        if matches!(e.shard, Some(Shard::Stacked { .. })) {
+            stacked.insert(k);
+            continue;
+        }
         if e.shard == Some(Shard::Partial) {
             if let Some(whole) = k.1.strip_suffix(".partial") {
                 k.1 = whole.to_string();
@@ -866,10 +877,15 @@ pub fn compare_ranks(
                 });
             }
         }
-        match (found, partial.contains(&key(ea))) {
-            (true, _) => {}
-            (false, true) => comparison.partial_skipped += 1,
-            (false, false) => comparison.only_in_a += 1,
+        match (
+            found,
+            partial.contains(&key(ea)),
+            stacked.contains(&key(ea)),
+        ) {
+            (true, _, _) => {}
+            (false, true, _) => comparison.partial_skipped += 1,
+            (false, false, true) => comparison.stacked_skipped += 1,
+            (false, false, false) => comparison.only_in_a += 1,
         }
     }
     comparison.nodes = nodes.len();
