@@ -94,6 +94,9 @@ pub struct NodeCtx<'a> {
     /// The fewest 32-key tiles a split of the sparse absorbed attention holds, where its top-k
     /// bounds the keys ([`Variant::MlaTilesPerSplit`]; [`MLA_SPARSE_TILES_PER_SPLIT`] shipped).
     pub mla_tiles_per_split: u64,
+    /// The form of every bf16 `moe.down` at decode ([`Variant::MoeDown`]), or None for the
+    /// shipped one by token count ([`shipped_moe_down`]).
+    pub moe_down: Option<MoeDown>,
     /// A prefill's `slot` input, where its `cache.update`s name one: the cache slot whose
     /// caches the node's cache operands are, read on the device so that a launch does not
     /// depend on it.
@@ -2127,6 +2130,9 @@ pub enum Variant {
     /// Every split of the sparse absorbed attention holds at least this many 32-key tiles
     /// ([`MLA_SPARSE_TILES_PER_SPLIT`] otherwise).
     MlaTilesPerSplit(u64),
+    /// Every bf16 `moe.down` at decode takes this form, whatever its token count
+    /// ([`shipped_moe_down`] otherwise).
+    MoeDown(MoeDown),
 }
 /// Threads of the merge kernel: 4 of the 512 latent columns each.
 const MLA_MERGE_THREADS: u32 = 128;
@@ -2804,8 +2810,227 @@ const MOE_SKINNY_COLS: u64 = 16;
 const MOE_MMA_TILE: u64 = 128;
 const MOE_MMA_SHARED: u32 = 4 * (128 + 128) * 32 * 2;
 
+/// How `moe.down` runs at decode in bf16 (few rows per expert).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeDown {
+    /// `moe_gemm_skinny.cu`, gate/up's kernel: blocks of 16 columns, K two steps at a time.
+    Skinny,
+    /// `moe_down_stream.cu`: wider blocks whose warps keep a ring of weight loads in flight
+    /// across their column pairs.
+    Stream(MoeDownStream),
+}
+
+/// Blocks of `cols` columns, `depth` steps of K (two 16-byte loads a lane each) in flight a
+/// warp, `min_blocks` blocks an SM asked of ptxas (registers held to 65536 / (256 ·
+/// min_blocks)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeDownStream {
+    pub cols: u64,
+    pub depth: u64,
+    pub min_blocks: u64,
+}
+
+impl std::fmt::Display for MoeDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MoeDown::Skinny => write!(f, "skinny {MOE_SKINNY_COLS} cols"),
+            MoeDown::Stream(s) => {
+                write!(f, "stream {} cols d{} b{}", s.cols, s.depth, s.min_blocks)
+            }
+        }
+    }
+}
+
+/// The stream form that ships up to [`MOE_DOWN_STREAM_TOKENS`] tokens: a prediction, which the
+/// MoE decode test (`glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed`, with every
+/// form of [`MOE_DOWN_VARIANTS`] beside it at 1 and 8 tokens) is to confirm or replace. At one
+/// token (GLM-5: 8 experts of 6144 × 2048) the skinny form's 3072 blocks of 64 KiB each paid an
+/// L2 round trip for the expert, a second for its rows, a DRAM round trip before the first
+/// weight and a warp reduction with nothing in flight, at 73 registers (3 blocks an SM, 48 KiB
+/// of loads in flight an SM at most): 67% of the copy roofline on an H200 (Nsight Compute,
+/// tests/gpu/README.md). Here 384 blocks of 512 KiB (2.9 an SM on an H200's 132, resident at
+/// once: 64 registers allow four) pay that once; four steps in flight a warp are 32 KiB a
+/// block, 93 KiB an SM, held through the reductions.
+pub const MOE_DOWN: MoeDownStream = MoeDownStream {
+    cols: 128,
+    depth: 4,
+    min_blocks: 4,
+};
+
+/// Tokens up to which `moe.down` ships [`MOE_DOWN`]; above, the skinny form as before, since
+/// there an expert may have more rows than the stream form's [`MOE_STREAM_ROWS`] (64 tokens
+/// give up to 8), whose weights it would read once a run (unmeasured).
+pub const MOE_DOWN_STREAM_TOKENS: u64 = 8;
+
+/// What the MoE decode test times besides [`MOE_DOWN`]: the skinny form; 64 columns a block
+/// (twice the blocks: 768 at one token, more than the 528 an H200 holds at once); 256 (192
+/// blocks, 1.5 an SM); 256 with all eight steps of GLM-5's K in flight at two blocks an SM
+/// (the same bytes in flight as [`MOE_DOWN`] at one token, in half the warps).
+pub const MOE_DOWN_VARIANTS: [MoeDown; 4] = [
+    MoeDown::Skinny,
+    MoeDown::Stream(MoeDownStream {
+        cols: 64,
+        ..MOE_DOWN
+    }),
+    MoeDown::Stream(MoeDownStream {
+        cols: 256,
+        ..MOE_DOWN
+    }),
+    MoeDown::Stream(MoeDownStream {
+        cols: 256,
+        depth: 8,
+        min_blocks: 2,
+    }),
+];
+
+/// The form `moe.down` ships at `tokens` tokens (bf16, at decode).
+pub fn shipped_moe_down(tokens: u64) -> MoeDown {
+    if tokens <= MOE_DOWN_STREAM_TOKENS {
+        MoeDown::Stream(MOE_DOWN)
+    } else {
+        MoeDown::Skinny
+    }
+}
+
+/// Rows of one expert a block of the stream form takes (their h in shared memory): at one token
+/// an expert has one; at 8 (uniform routing) about one step in three has an expert with 3 of
+/// the 64 routed rows, whose weights are then read twice (25 MB more than 1.5 GB). Each row
+/// costs two accumulators a lane out of the 64 registers four blocks an SM leave: 4 rows
+/// spilled on sm_90a.
+const MOE_STREAM_ROWS: u64 = 2;
+/// The most shared memory the stream form's rows may take (static shared memory ends at 48 KiB).
+const MOE_STREAM_SHARED: u64 = 32 << 10;
+
+/// The operands of a grouped expert GEMM as `moe_gemm` reads them.
+struct MoeGemm<'a> {
+    y: &'a TensorRef,
+    x: &'a TensorRef,
+    x_row: Poly,
+    order: Option<&'a TensorRef>,
+    offsets: &'a TensorRef,
+    weights: Vec<&'a TensorRef>,
+    experts: u64,
+    n: u64,
+    k: u64,
+    top_k: u64,
+    tokens: Poly,
+}
+
+impl MoeGemm<'_> {
+    /// The parameters `moe_gemm_mma.cu` and `moe_gemm_skinny.cu` share.
+    fn params(&self, cx: &NodeCtx, b: Builder) -> Result<Builder, String> {
+        b.param("op", cx.node.op.name())
+            .param("swiglu", self.order.is_some())
+            .param("k", self.k)
+            .param("n", self.n)
+            .param("experts", self.experts)
+            .param("top_k", self.top_k)
+            .dtype("y_t", self.y.dtype)?
+            .dtype("x_t", self.x.dtype)?
+            .dtype("w_t", self.weights[0].dtype)
+    }
+
+    /// Their arguments.
+    fn args(&self, cx: &NodeCtx) -> Vec<Arg> {
+        let mut args = vec![
+            cx.ptr("y", self.y),
+            cx.ptr("x", self.x),
+            int("x_row", self.x_row.clone()),
+        ];
+        if let Some(order) = self.order {
+            args.push(cx.ptr("order", order));
+        }
+        args.push(cx.ptr("offsets", self.offsets));
+        for (i, w) in self.weights.iter().enumerate() {
+            args.push(cx.ptr(&format!("w{i}"), w));
+        }
+        args.push(int("tokens", self.tokens.clone()));
+        args
+    }
+
+    /// Routed rows: a grid slot each.
+    fn routed(&self) -> Poly {
+        self.tokens.mul(&Poly::constant(self.top_k as i64))
+    }
+
+    /// `moe_gemm_skinny.cu` with `vec` elements a 16-byte load.
+    fn skinny(&self, cx: &NodeCtx, vec: u64) -> Result<Planned, String> {
+        let b = Builder::new("moe_gemm_skinny", 256)
+            .param("rows", MOE_SKINNY_ROWS)
+            .param("vec", vec);
+        let tiles = self.n.div_ceil(MOE_SKINNY_COLS);
+        let grid = GridDim::one_block_each(self.routed().mul(&Poly::constant(tiles as i64)));
+        Ok(self.params(cx, b)?.planned(grid, self.args(cx)))
+    }
+
+    /// `moe_down_stream.cu` in form `s`. Its ring holds a whole number of rings a column pair
+    /// (the largest depth up to `s.depth` dividing the pair's steps of 256 elements of K).
+    fn stream(&self, cx: &NodeCtx, s: MoeDownStream) -> Result<Planned, String> {
+        let steps = self.k.div_ceil(256);
+        let depth = (1..=s.depth.min(steps))
+            .rev()
+            .find(|d| steps.is_multiple_of(*d))
+            .unwrap_or(1);
+        let b = Builder::new("moe_down_stream", 256)
+            .param("op", cx.node.op.name())
+            .param("k", self.k)
+            .param("n", self.n)
+            .param("experts", self.experts)
+            .param("rows", MOE_STREAM_ROWS)
+            .param("cols", s.cols)
+            .param("depth", depth)
+            .param("min_blocks", s.min_blocks)
+            .dtype("y_t", self.y.dtype)?
+            .shared((MOE_STREAM_ROWS * self.k * 2 + 20) as u32, false);
+        let tiles = self.n.div_ceil(s.cols);
+        let grid = GridDim::one_block_each(self.routed().mul(&Poly::constant(tiles as i64)));
+        let args = vec![
+            cx.ptr("y", self.y),
+            cx.ptr("x", self.x),
+            int("x_row", self.x_row.clone()),
+            cx.ptr("offsets", self.offsets),
+            cx.ptr("w0", self.weights[0]),
+        ];
+        Ok(b.planned(grid, args))
+    }
+
+    /// `moe.down` at decode in bf16: the form of the variant being timed, or the shipped one by
+    /// token count ([`shipped_moe_down`]), guarded where the count is symbolic.
+    fn down(&self, cx: &NodeCtx, vec: u64) -> Result<Lowering, String> {
+        let form = |f: MoeDown| match f {
+            MoeDown::Skinny => self.skinny(cx, vec),
+            MoeDown::Stream(s) => self.stream(cx, s),
+        };
+        if let Some(f) = cx.moe_down {
+            return Ok(Lowering::Launch(form(f)?));
+        }
+        if let Some(t) = self.tokens.as_const() {
+            return Ok(Lowering::Launch(form(shipped_moe_down(t as u64))?));
+        }
+        let most = MOE_DOWN_STREAM_TOKENS as i64;
+        let above = Guard::above(self.tokens.clone(), most);
+        // Limits of at most that many tokens never need the other form.
+        if above.holds(cx.limits) == Some(false) {
+            return Ok(Lowering::Launch(form(shipped_moe_down(
+                MOE_DOWN_STREAM_TOKENS,
+            ))?));
+        }
+        let mut few = form(shipped_moe_down(MOE_DOWN_STREAM_TOKENS))?;
+        few.when = Some(Guard::at_most(self.tokens.clone(), most));
+        let few_sources = cx.sources.take();
+        let mut many = form(shipped_moe_down(MOE_DOWN_STREAM_TOKENS + 1))?;
+        many.when = Some(above);
+        let many_sources = cx.sources.take();
+        Ok(Lowering::Launches(vec![
+            (few, few_sources),
+            (many, many_sources),
+        ]))
+    }
+}
+
 /// `moe.gate_up` (`swiglu`: x gathered through `order`, gate and up weights) and `moe.down`:
-/// the tensor-core tiled kernel for the prefill's many rows in bf16, else the skinny FMA one.
+/// the tensor-core tiled kernel for the prefill's many rows in bf16, else the skinny FMA one
+/// (for `moe.down` in bf16, [`MoeGemm::down`]'s choice).
 fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
     let y = &cx.outputs[0];
     let (x, order, offsets, weights) = if swiglu {
@@ -2836,18 +3061,26 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
         const_dim(w, 1, "the weights")?,
         const_dim(w, 2, "the weights")?,
     );
-    let top_k = const_dim(y, 1, "the routed rows")?;
-    let tokens = y.shape[0].clone();
-    let routed = tokens.mul(&Poly::constant(top_k as i64));
+    let g = MoeGemm {
+        y,
+        x,
+        x_row: x_row.clone(),
+        order,
+        offsets,
+        weights: weights.clone(),
+        experts,
+        n,
+        k,
+        top_k: const_dim(y, 1, "the routed rows")?,
+        tokens: y.shape[0].clone(),
+    };
     let tensor_cores = x.dtype == DType::BF16
         && w.dtype == DType::BF16
         && k.is_multiple_of(8)
         && x_row.divisible_by(8)
         && x.offset_bytes.divisible_by(16)
         && x_rows.symbols().any(|s| s == "s");
-    let vec = 16 / x.dtype.size_bytes().max(w.dtype.size_bytes());
-    let op = cx.node.op.name();
-    let (b, grid) = if tensor_cores {
+    if tensor_cores {
         let out_cols = if swiglu {
             MOE_MMA_TILE / 2
         } else {
@@ -2856,50 +3089,31 @@ fn moe_gemm(cx: &NodeCtx, swiglu: bool) -> Result<Lowering, String> {
         let n_tiles = n.div_ceil(out_cols);
         let b = Builder::new("moe_gemm_mma", 256).shared(MOE_MMA_SHARED, true);
         let grid = GridDim {
-            work: routed
+            work: g
+                .routed()
                 .add(&Poly::constant((MOE_MMA_TILE * (experts + 1)) as i64))
                 .mul(&Poly::constant(n_tiles as i64)),
             per_block: MOE_MMA_TILE,
         };
-        (b, grid)
-    } else {
-        let aligned = k.is_multiple_of(vec)
-            && x_row.divisible_by(vec as i64)
-            && x.offset_bytes.divisible_by(16);
-        if !aligned {
-            return Err(format!(
-                "{op}: K = {k} and the rows of x ({x}) must allow {vec}-element vectors"
-            ));
-        }
-        let b = Builder::new("moe_gemm_skinny", 256)
-            .param("rows", MOE_SKINNY_ROWS)
-            .param("vec", vec);
-        let tiles = n.div_ceil(MOE_SKINNY_COLS);
-        (
-            b,
-            GridDim::one_block_each(routed.mul(&Poly::constant(tiles as i64))),
-        )
-    };
-    let b = b
-        .param("op", op)
-        .param("swiglu", swiglu)
-        .param("k", k)
-        .param("n", n)
-        .param("experts", experts)
-        .param("top_k", top_k)
-        .dtype("y_t", y.dtype)?
-        .dtype("x_t", x.dtype)?
-        .dtype("w_t", w.dtype)?;
-    let mut args = vec![cx.ptr("y", y), cx.ptr("x", x), int("x_row", x_row)];
-    if let Some(order) = order {
-        args.push(cx.ptr("order", order));
+        return Ok(g.params(cx, b)?.launch(grid, g.args(cx)));
     }
-    args.push(cx.ptr("offsets", offsets));
-    for (i, w) in weights.iter().enumerate() {
-        args.push(cx.ptr(&format!("w{i}"), w));
+    let vec = 16 / x.dtype.size_bytes().max(w.dtype.size_bytes());
+    let aligned =
+        k.is_multiple_of(vec) && x_row.divisible_by(vec as i64) && x.offset_bytes.divisible_by(16);
+    if !aligned {
+        return Err(format!(
+            "{}: K = {k} and the rows of x ({x}) must allow {vec}-element vectors",
+            cx.node.op.name()
+        ));
     }
-    args.push(int("tokens", tokens));
-    Ok(b.launch(grid, args))
+    let streams = !swiglu
+        && x.dtype == DType::BF16
+        && w.dtype == DType::BF16
+        && MOE_STREAM_ROWS * k * 2 <= MOE_STREAM_SHARED;
+    if streams {
+        return g.down(cx, vec);
+    }
+    Ok(Lowering::Launch(g.skinny(cx, vec)?))
 }
 
 /// Threads of `moe.combine`'s block per token and column slice.

@@ -777,6 +777,10 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                     Some(Variant::MlaTilesPerSplit(n)) => n,
                     _ => MLA_SPARSE_TILES_PER_SPLIT,
                 },
+                moe_down: match st.variant {
+                    Some(Variant::MoeDown(f)) => Some(f),
+                    _ => None,
+                },
                 slot: st.slot(),
                 limits: &st.bindings,
                 sources: Default::default(),

@@ -63,6 +63,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         "moe_gemm_skinny",
         include_str!("../templates/moe_gemm_skinny.cu"),
     ),
+    (
+        "moe_down_stream",
+        include_str!("../templates/moe_down_stream.cu"),
+    ),
     ("moe_route", include_str!("../templates/moe_route.cu")),
     ("moe_sort", include_str!("../templates/moe_sort.cu")),
     ("norm", include_str!("../templates/norm.cu")),

@@ -108,6 +108,36 @@ fn every_tiled_gemm_variant_compiles_without_local_memory() {
     }
 }
 
+/// Every form of `moe.down` the MoE decode test times (`MOE_DOWN_VARIANTS`, beside the shipped
+/// `MOE_DOWN`) compiles for both targets at GLM-5's shape with no local memory.
+#[test]
+fn every_moe_down_form_compiles_without_local_memory() {
+    use glmc_codegen::kernels::{MoeDown, MOE_DOWN, MOE_DOWN_VARIANTS};
+    let nvcc = compiler();
+    let (_, glm5) = module("glm5.ron");
+    for target in [Target::Sm120a, Target::Sm90a] {
+        for form in std::iter::once(MoeDown::Stream(MOE_DOWN)).chain(MOE_DOWN_VARIANTS) {
+            let mut l = lower_module_with(&glm5, target, LIMITS, Variant::MoeDown(form)).unwrap();
+            l.kernels
+                .retain(|k| k.template == "moe_down_stream" || k.template == "moe_gemm_skinny");
+            let source = render::render(&l.kernels).unwrap();
+            let compiled =
+                nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
+                    .unwrap_or_else(|e| panic!("{form} for {target}: {e}"));
+            let usage = parse_ptxas(&compiled.ptxas);
+            for k in &l.kernels {
+                let u = usage.iter().find(|u| u.name == k.name).unwrap();
+                println!("{form} {target}: {u}");
+                assert_eq!(
+                    (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
+                    (0, 0, 0),
+                    "{form} {target}: {u}"
+                );
+            }
+        }
+    }
+}
+
 /// `gemm_skinny_persistent.cu`, which the lowering picks for a short K over many tiles only
 /// (kernels.rs: SKINNY_GEMM_16_STREAMED; the shipped kernels' test above holds it to no local
 /// memory on both targets), in place of every 16-row skinny GEMM of GLM-5 (dense attention too),

@@ -957,3 +957,90 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
         .collect();
     assert_eq!(unreached, Vec::<&str>::new());
 }
+
+/// GLM-5's routed down projection at decode takes the stream form up to
+/// `MOE_DOWN_STREAM_TOKENS` tokens and the skinny one above (guarded, where the limits allow
+/// more; only the stream form where they do not), while gate/up keeps the skinny kernel; a
+/// variant takes one form at every token count.
+#[test]
+fn glm5_moe_down_streams_up_to_a_few_tokens() {
+    use glmc_codegen::expr::Guard;
+    use glmc_codegen::kernels::{MoeDown, MOE_DOWN_STREAM_TOKENS};
+    use glmc_codegen::{lower_module_with, Limits, Variant};
+    let (_, glm5) = module("glm5.ron");
+    let node = "model.layers.3.mlp.experts";
+    // (op, template, guard) of every decode launch of the node's grouped GEMMs.
+    let launches = |l: &glmc_codegen::Lowered| -> Vec<(String, String, Option<Guard>)> {
+        phase(l, "decode")
+            .launches()
+            .filter(|x| {
+                x.node.starts_with(node) && ["moe.gate_up", "moe.down"].contains(&x.op.as_str())
+            })
+            .map(|x| {
+                let k = l.kernels.iter().find(|k| k.name == x.kernel).unwrap();
+                (x.op.clone(), k.template.clone(), x.when.clone())
+            })
+            .collect()
+    };
+    let b = glmc_codegen::expr::Poly::sym("b");
+    let most = MOE_DOWN_STREAM_TOKENS as i64;
+    let wide = Limits {
+        max_batch: 64,
+        ..LIMITS
+    };
+    let shipped = lower_module(&glm5, Target::Sm90a, wide).unwrap();
+    let gate_up = (
+        "moe.gate_up".to_string(),
+        "moe_gemm_skinny".to_string(),
+        None,
+    );
+    assert_eq!(
+        launches(&shipped),
+        [
+            gate_up.clone(),
+            (
+                "moe.down".into(),
+                "moe_down_stream".into(),
+                Some(Guard::at_most(b.clone(), most))
+            ),
+            (
+                "moe.down".into(),
+                "moe_gemm_skinny".into(),
+                Some(Guard::above(b, most))
+            ),
+        ]
+    );
+    let narrow = Limits {
+        max_batch: MOE_DOWN_STREAM_TOKENS,
+        ..LIMITS
+    };
+    let few = lower_module(&glm5, Target::Sm90a, narrow).unwrap();
+    assert_eq!(
+        launches(&few),
+        [
+            gate_up.clone(),
+            ("moe.down".into(), "moe_down_stream".into(), None)
+        ]
+    );
+    let skinny = lower_module_with(
+        &glm5,
+        Target::Sm90a,
+        wide,
+        Variant::MoeDown(MoeDown::Skinny),
+    )
+    .unwrap();
+    assert_eq!(
+        launches(&skinny),
+        [gate_up, ("moe.down".into(), "moe_gemm_skinny".into(), None)]
+    );
+    // gate/up's kernel is the one the shipped lowering had before the stream form.
+    let name = |l: &glmc_codegen::Lowered, op: &str| {
+        phase(l, "decode")
+            .launches()
+            .find(|x| x.node.starts_with(node) && x.op == op)
+            .unwrap()
+            .kernel
+            .clone()
+    };
+    assert_eq!(name(&shipped, "moe.gate_up"), name(&skinny, "moe.gate_up"));
+}

@@ -48,6 +48,28 @@ fn tiny_sparse_bf16_gemm_kernels_cu() {
     insta::assert_snapshot!(render::render(&gemms).unwrap());
 }
 
+/// The grouped expert GEMMs in bf16 (the f32 tiny models take the skinny kernel throughout):
+/// the tensor-core one at prefill, gate/up's skinny one and the down projection's stream form
+/// at decode.
+#[test]
+fn tiny_sparse_bf16_moe_kernels_cu() {
+    let (_, m) = module_with("tiny-sparse.ron", |c| c.dtype = DType::BF16);
+    let l = lower_module(&m, Target::Sm120, LIMITS).unwrap();
+    let moe: Vec<_> = l
+        .kernels
+        .iter()
+        .filter(|k| k.template.starts_with("moe_gemm") || k.template == "moe_down_stream")
+        .cloned()
+        .collect();
+    let templates: std::collections::BTreeSet<_> =
+        moe.iter().map(|k| k.template.as_str()).collect();
+    assert_eq!(
+        templates.into_iter().collect::<Vec<_>>(),
+        ["moe_down_stream", "moe_gemm_mma", "moe_gemm_skinny"]
+    );
+    insta::assert_snapshot!(render::render(&moe).unwrap());
+}
+
 /// GLM-5's tensor-core absorbed attention (64 heads, and 8 a rank at TP=8) and its merge.
 #[test]
 fn glm5_absorbed_attention_kernels_cu() {
