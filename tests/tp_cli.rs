@@ -150,7 +150,7 @@ fn dump_shows_a_rank_of_glm5_with_its_shapes_and_collectives() {
         "weight {recipe=slice(hf(\"model.layers.0.self_attn.q_b_proj.weight\", [16384, 2048]), 0, 8192, 16384)} : bf16[8192,2048]",
         "slice(hf(\"model.layers.0.self_attn.kv_b_proj.weight\", [28672, 512]), 0, 14336, 28672), [32, 448, 512])",
         "weight {recipe=slice(hf(\"model.layers.0.self_attn.o_proj.weight\", [6144, 16384]), 1, 8192, 16384)} : bf16[6144,8192]",
-        "all_reduce %44 {op=sum, ranks=2} : bf16[b,6144] \"model.layers.0.self_attn.o_proj\"",
+        "all_reduce %43 {op=sum, ranks=2} : bf16[b,6144] \"model.layers.0.self_attn.o_proj\"",
         "embed.shard %5, %0 {start=77440} : bf16[b,6144] \"model.embed_tokens.partial\"",
         "all_gather",
     ] {
