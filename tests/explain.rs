@@ -97,8 +97,8 @@ fn dump_after_prints_a_section_per_matching_pass() {
         .collect();
     assert_eq!(headers, expected);
     // A module follows each changed pass only; decode alone was asked for.
-    assert_eq!(text.matches("glmc.module \"tiny_sparse\"").count(), 6);
-    assert_eq!(text.matches("func @decode").count(), 6);
+    assert_eq!(text.matches("glmc.module \"tiny_sparse\"").count(), 7);
+    assert_eq!(text.matches("func @decode").count(), 7);
     assert_eq!(text.matches("func @prefill").count(), 0);
     let only = glmc_stdout(&["dump", model, "--after", "absorb-mla"]);
     assert!(
