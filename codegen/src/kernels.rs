@@ -2841,18 +2841,20 @@ impl std::fmt::Display for MoeDown {
     }
 }
 
-/// The stream form that ships up to [`MOE_DOWN_STREAM_TOKENS`] tokens: a prediction, which the
-/// MoE decode test (`glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed`, with every
-/// form of [`MOE_DOWN_VARIANTS`] beside it at 1 and 8 tokens) is to confirm or replace. At one
-/// token (GLM-5: 8 experts of 6144 × 2048) the skinny form's 3072 blocks of 64 KiB each paid an
-/// L2 round trip for the expert, a second for its rows, a DRAM round trip before the first
-/// weight and a warp reduction with nothing in flight, at 73 registers (3 blocks an SM, 48 KiB
-/// of loads in flight an SM at most): 67% of the copy roofline on an H200 (Nsight Compute,
-/// tests/gpu/README.md). Here 384 blocks of 512 KiB (2.9 an SM on an H200's 132, resident at
-/// once: 64 registers allow four) pay that once; four steps in flight a warp are 32 KiB a
-/// block, 93 KiB an SM, held through the reductions.
+/// The stream form that ships up to [`MOE_DOWN_STREAM_TOKENS`] tokens. At one token (GLM-5: 8
+/// experts of 6144 × 2048) the skinny form's 3072 blocks of 64 KiB each paid an L2 round trip
+/// for the expert, a second for its rows, a DRAM round trip before the first weight and a warp
+/// reduction with nothing in flight, at 73 registers (3 blocks an SM, 48 KiB of loads in flight
+/// an SM at most): 67% of the copy roofline on an H200 (Nsight Compute, tests/gpu/README.md).
+/// A stream block pays that once for 64 columns and keeps four steps in flight a warp across
+/// them. The MoE decode test (`glm5_moe_grouped_gemms_match_the_interpreter_and_are_timed`,
+/// every form of [`MOE_DOWN_VARIANTS`] beside this one) measured on an H200 (2026-12-02, call A
+/// of tests/gpu/README.md's ninth session): at one token 52.4 µs (90.5% of the copy roofline)
+/// against the skinny form's 66.5, 128 columns' 60.3 and 256 columns' 51.9; at 8 tokens 349.8
+/// µs (99.9%) against 465.2, 352.7 and 365.6. 64 columns are the best at 8 tokens and within 1%
+/// of the best at one.
 pub const MOE_DOWN: MoeDownStream = MoeDownStream {
-    cols: 128,
+    cols: 64,
     depth: 4,
     min_blocks: 4,
 };
@@ -2862,14 +2864,13 @@ pub const MOE_DOWN: MoeDownStream = MoeDownStream {
 /// give up to 8), whose weights it would read once a run (unmeasured).
 pub const MOE_DOWN_STREAM_TOKENS: u64 = 8;
 
-/// What the MoE decode test times besides [`MOE_DOWN`]: the skinny form; 64 columns a block
-/// (twice the blocks: 768 at one token, more than the 528 an H200 holds at once); 256 (192
-/// blocks, 1.5 an SM); 256 with all eight steps of GLM-5's K in flight at two blocks an SM
-/// (the same bytes in flight as [`MOE_DOWN`] at one token, in half the warps).
+/// What the MoE decode test times besides [`MOE_DOWN`]: the skinny form; 128 columns a block
+/// (384 blocks at one token, resident at once on an H200); 256 (192 blocks, 1.5 an SM); 256 with
+/// all eight steps of GLM-5's K in flight at two blocks an SM.
 pub const MOE_DOWN_VARIANTS: [MoeDown; 4] = [
     MoeDown::Skinny,
     MoeDown::Stream(MoeDownStream {
-        cols: 64,
+        cols: 128,
         ..MOE_DOWN
     }),
     MoeDown::Stream(MoeDownStream {
