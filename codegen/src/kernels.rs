@@ -2859,10 +2859,14 @@ pub const MOE_DOWN: MoeDownStream = MoeDownStream {
     min_blocks: 4,
 };
 
-/// Tokens up to which `moe.down` ships [`MOE_DOWN`]; above, the skinny form as before, since
-/// there an expert may have more rows than the stream form's [`MOE_STREAM_ROWS`] (64 tokens
-/// give up to 8), whose weights it would read once a run (unmeasured).
-pub const MOE_DOWN_STREAM_TOKENS: u64 = 8;
+/// Tokens up to which `moe.down` ships [`MOE_DOWN`]; above, the skinny form, which reads an
+/// expert's weights once for up to 8 of its rows where the stream form reads them once a run of
+/// [`MOE_STREAM_ROWS`]. At 64 tokens (226 of GLM-5's 256 experts active, about 2.3 rows each)
+/// the stream form still wins by far: 1627.0 µs (81.9% of the copy roofline) against the skinny
+/// form's 2844.4 (46.8%) on an H200 (2026-12-02, call C of tests/gpu/README.md's ninth session,
+/// `glm5_moe_grouped_gemms_at_64_tokens_match_the_interpreter_and_are_timed`). Past 64 tokens
+/// (more rows an expert, so more runs) it is unmeasured.
+pub const MOE_DOWN_STREAM_TOKENS: u64 = 64;
 
 /// What the MoE decode test times besides [`MOE_DOWN`]: the skinny form; 128 columns a block
 /// (384 blocks at one token, resident at once on an H200); 256 (192 blocks, 1.5 an SM); 256 with
