@@ -985,7 +985,7 @@ fn glm5_moe_down_streams_up_to_a_few_tokens() {
     let b = glmc_codegen::expr::Poly::sym("b");
     let most = MOE_DOWN_STREAM_TOKENS as i64;
     let wide = Limits {
-        max_batch: 64,
+        max_batch: 2 * MOE_DOWN_STREAM_TOKENS,
         ..LIMITS
     };
     let shipped = lower_module(&glm5, Target::Sm90a, wide).unwrap();

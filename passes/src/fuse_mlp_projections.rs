@@ -15,11 +15,10 @@
 //! recipe of the checkpoint tensors, and `tp-partition` splits each part by rows, so a rank
 //! holds `[gate block; up block]` and its two slices take the halves (see `Shard::Stacked`).
 
-use std::collections::BTreeMap;
-
-use glmc_ir::{Function, Module, NodeIndex, Op, Recipe, Value};
+use glmc_ir::{Function, Module};
 
 use crate::pass::{Pass, PassError};
+use crate::stack_projections::{groups, stack, Projection};
 
 pub struct FuseMlpProjections;
 
@@ -37,7 +36,8 @@ impl Pass for FuseMlpProjections {
         let mut changed = false;
         for f in &mut module.functions {
             for (prefix, pair) in pairs(f) {
-                fuse(f, &prefix, pair).map_err(|source| PassError::verify(NAME, source))?;
+                stack(f, &prefix, &FUSED, &pair)
+                    .map_err(|source| PassError::verify(NAME, source))?;
                 changed = true;
             }
         }
@@ -45,84 +45,22 @@ impl Pass for FuseMlpProjections {
     }
 }
 
-/// A projection: its `(matmul, weight)`.
-type Projection = (NodeIndex, NodeIndex);
-
-/// `[gate, up]`.
-type Pair = [Projection; 2];
-
-/// The MLPs of `f` whose gate and up projections can be fused, by name prefix.
-fn pairs(f: &Function) -> Vec<(String, Pair)> {
-    let mut found: BTreeMap<(String, Value), [Option<Projection>; 2]> = BTreeMap::new();
-    for n in f.graph.node_indices() {
-        let node = f.node(n);
-        if node.op != (Op::Matmul {}) {
-            continue;
-        }
-        let Some((prefix, order)) = FUSED.iter().enumerate().find_map(|(i, s)| {
-            node.name
-                .strip_suffix(s)
-                .and_then(|p| p.strip_suffix('.'))
-                .filter(|p| p.ends_with(".mlp") || p.ends_with(".mlp.shared_experts"))
-                .map(|p| (p, i))
-        }) else {
-            continue;
+/// The MLPs of `f` whose gate and up projections can be fused: both present, reading one
+/// input, with weights of one dtype and width.
+fn pairs(f: &Function) -> Vec<(String, Vec<Projection>)> {
+    groups(f, &FUSED, |p| {
+        p.ends_with(".mlp") || p.ends_with(".mlp.shared_experts")
+    })
+    .into_iter()
+    .filter_map(|((prefix, _), pair)| {
+        let [gate, up] = &pair[..] else {
+            return None;
         };
-        let [x, w] = f.operands(n)[..] else { continue };
-        let weight_only_here =
-            matches!(f.node(w.node).op, Op::Weight { .. }) && f.users(w).len() == 1;
-        if weight_only_here {
-            found.entry((prefix.to_string(), x)).or_default()[order] = Some((n, w.node));
-        }
-    }
-    found
-        .into_iter()
-        .filter_map(|((prefix, _), pair)| {
-            let [Some(gate), Some(up)] = pair else {
-                return None;
-            };
-            let (g, u) = (&f.node(gate.1).outputs[0], &f.node(up.1).outputs[0]);
-            (g.dtype == u.dtype && g.shape[1..] == u.shape[1..]).then_some((prefix, [gate, up]))
-        })
-        .collect()
-}
-
-fn fuse(f: &mut Function, prefix: &str, pair: Pair) -> Result<(), glmc_ir::VerifyError> {
-    let fused_name = format!("{prefix}.[{}]", FUSED.join(";"));
-    let parts: Vec<Recipe> = pair
-        .iter()
-        .map(|&(_, w)| match &f.node(w).op {
-            Op::Weight { recipe } => recipe.clone(),
-            _ => unreachable!("paired projections read weight nodes"),
-        })
-        .collect();
-    let dtype = f.node(pair[0].1).outputs[0].dtype;
-    let x = f.operands(pair[0].0)[0];
-    let w = f.push_weight(
-        format!("{fused_name}.weight"),
-        Recipe::Concat { axis: 0, parts },
-        dtype,
-    )?;
-    let fused = f.push(Op::Matmul {}, fused_name, &[x, w])?;
-    let axis = f.node(fused).outputs[0].rank() as u64 - 1;
-    let mut start = 0;
-    for (matmul, weight) in pair {
-        let rows = f.node(weight).outputs[0].shape[0]
-            .as_const()
-            .expect("weights have constant shapes");
-        let name = f.node(matmul).name.clone();
-        f.graph.remove_node(weight);
-        let slice = f.push(
-            Op::Slice {
-                axis,
-                start,
-                end: start + rows,
-            },
-            format!("{name}#fused"),
-            &[fused.into()],
-        )?;
-        f.take_over(matmul, slice);
-        start += rows;
-    }
-    Ok(())
+        let (g, u) = (
+            &f.node(gate.weight).outputs[0],
+            &f.node(up.weight).outputs[0],
+        );
+        (g.dtype == u.dtype && g.shape[1..] == u.shape[1..]).then_some((prefix, pair))
+    })
+    .collect()
 }

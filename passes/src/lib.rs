@@ -15,6 +15,7 @@ pub mod pass;
 pub mod pipeline;
 pub mod plan_memory;
 pub mod select_attention;
+mod stack_projections;
 pub mod tp_partition;
 
 pub use manager::{PassManager, PassRecord};
