@@ -14,12 +14,11 @@ measures it (a 2 GiB device-to-device copy, bytes read plus written).
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench", "peers"))
-from torch_matmul import time_gemm  # noqa: E402
+from torch_matmul import run_header, time_gemm  # noqa: E402
 
 
 def copy_gbs():
@@ -59,16 +58,11 @@ def main():
     open(sys.argv[2], "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
     if len(sys.argv) > 3:
-        doc = {
-            "schema": "glmc-bench-gemv/1",
-            "tool": "glmc GPU sweep, torch.matmul",
-            "command": " ".join(["python3"] + sys.argv),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "device": {"name": torch.cuda.get_device_name()},
-            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
-            "copy_gbs": copy_gbs(),
-            "shapes": timed,
-        }
+        doc = dict(
+            run_header("glmc-bench-gemv/1", "glmc GPU sweep, torch.matmul"),
+            copy_gbs=copy_gbs(),
+            shapes=timed,
+        )
         json.dump(doc, open(sys.argv[3], "w"), indent=1)
 
 

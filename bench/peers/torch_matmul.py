@@ -85,18 +85,22 @@ def shapes(doc):
     return out
 
 
-def main():
-    doc = json.load(open(sys.argv[1]))
-    torch.backends.cuda.matmul.allow_tf32 = False
-    result = {
-        "schema": "glmc-bench-matmul/1",
-        "tool": "torch.matmul",
+def run_header(schema, tool):
+    """The fields every torch result file of the benchmarks opens with: what made it, when, where."""
+    return {
+        "schema": schema,
+        "tool": tool,
         "command": " ".join(["python3"] + sys.argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": {"name": torch.cuda.get_device_name()},
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
-        "shapes": [],
     }
+
+
+def main():
+    doc = json.load(open(sys.argv[1]))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    result = dict(run_header("glmc-bench-matmul/1", "torch.matmul"), shapes=[])
     for (phase, rows, node, heads, n, k, dtype), times in sorted(shapes(doc).items()):
         us = time_gemm(heads, rows, n, k, dtype)
         result["shapes"].append(

@@ -1451,7 +1451,9 @@ const SKINNY_GEMM_16_MID_K: GemmTile = GemmTile {
 /// and 9.5, four blocks an SM 7.2 and 7.7; torch.matmul 7.9 and 7.5). A narrow weight of a
 /// longer K whose 8-column tiles would spill past one wave takes it too, by the same arithmetic:
 /// the shared expert's fused gate/up (4096 × 6144, 256 tiles) keeps a third of K in flight,
-/// still 128 KiB an SM, against the narrow tile's 512 blocks in 1.3 waves (a prediction).
+/// still 128 KiB an SM, against the narrow tile's 512 blocks in 1.3 waves: 15.1 µs at one row
+/// and 16.4 at eight against the narrow tile's 17.9 and 19.5 (the sweep of
+/// tests/gpu/results/2026-12-01u, call B).
 const SKINNY_GEMM_16_ONE_WAVE: GemmTile = GemmTile {
     params: &[
         ("depth", 8),

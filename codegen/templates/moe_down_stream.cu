@@ -99,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(256, {{ min_blocks }}) {{ name }}(
     cp_async_wait<0>();
     __syncthreads();
 
-    // bf16 pairs to f32 (exact), element 2i in the low half as in memory.
+    // A ring slot's raw bf16 pairs to f32 (exact), element 2i in the low half as in memory.
     auto unpack = [](const uint4& q, float (&f)[8]) {
         const unsigned u[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
@@ -126,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(256, {{ min_blocks }}) {{ name }}(
                 for (int i = 0; i < ROWS; ++i) {
                     if (i < m) {
                         float xv[8];
-                        unpack(*reinterpret_cast<const uint4*>(xs + i * K + k0), xv);
+                        ld_vec<bf16, 8>(xs + i * K + k0, xv);
 #pragma unroll
                         for (int cc = 0; cc < 2; ++cc)
 #pragma unroll
