@@ -8,13 +8,16 @@
 #   scripts/bench-gpu.sh run gemv              # there: issue 14's decode GEMM protocol: the GPU
 #                                              # skinny sweep (needs `scripts/gpu-test.sh build`'s
 #                                              # .gpu/gpu_kernels) and torch.matmul on its shapes (~2 min)
+#   scripts/bench-gpu.sh run gemm              # there: issue 14's prefill GEMM protocol: the GPU
+#                                              # tiled sweep (needs .gpu/gpu_kernels too) and
+#                                              # torch.matmul on its shapes (~3 min)
 #   scripts/bench-gpu.sh run peers MODES [S]   # there: transformers in MODES (comma-separated:
 #                                              # eager, max-autotune-no-cudagraphs, reduce-overhead),
 #                                              # each under S seconds (default 240), then plots
 #   scripts/bench-gpu.sh render DIR            # anywhere: DIR/*.json -> bench/RESULTS.md
 #
 # Each `run` writes into $OUT/bench.tgz (the device call's output folder): glmc.json / glmc.txt /
-# matmul.json, gemv.json / gemv.md and the sweep's tables, or hf-<modes>.json and one log per
+# matmul.json, gemv.json / gemv.md or gemm.json / gemm.md and the sweep's tables, or hf-<modes>.json and one log per
 # mode; RESULTS.md and the PNG plots are made from those plus every JSON of $BENCH_RESULTS
 # (default bench/results/latest), where the lead puts the files of the earlier calls of the
 # session so that the last call plots them all.
@@ -37,6 +40,17 @@ run)
     command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
     status=0
+    # sweep TEST STEM NAME: the GPU sweep TEST (its report and shapes in sweep/STEM.md and .json),
+    # then torch.matmul on those shapes, timed the same way, into NAME.md and NAME.json.
+    sweep() {
+        mkdir -p "$out/sweep"
+        GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="$out/sweep" .gpu/gpu_kernels \
+            --ignored --nocapture --exact "$1" >"$out/$3-sweep.txt" 2>&1 || status=1
+        if [ -f "$out/sweep/$2.json" ]; then
+            python3 scripts/torch_gemm.py "$out/sweep/$2.json" "$out/$3.md" "$out/$3.json" 2>&1 |
+                tee "$out/$3.txt" || status=1
+        fi
+    }
     case "${2:-}" in
     glmc)
         .gpu/glmc bench "$model" --device cuda --random-weights 1 --batch 1,8,64 \
@@ -47,15 +61,8 @@ run)
                 tee "$out/matmul.txt" || status=1
         fi
         ;;
-    gemv)
-        mkdir -p "$out/sweep"
-        GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="$out/sweep" .gpu/gpu_kernels \
-            --ignored --nocapture --exact glm5_skinny_gemm_variants_are_timed >"$out/gemv-sweep.txt" 2>&1 || status=1
-        if [ -f "$out/sweep/skinny.json" ]; then
-            python3 scripts/torch_gemm.py "$out/sweep/skinny.json" "$out/gemv.md" "$out/gemv.json" 2>&1 |
-                tee "$out/gemv.txt" || status=1
-        fi
-        ;;
+    gemv) sweep glm5_skinny_gemm_variants_are_timed skinny gemv ;;
+    gemm) sweep glm5_tiled_gemm_variants_are_timed tiled gemm ;;
     peers)
         modes="${3:?run peers MODES [SECONDS]}"
         python3 bench/peers/hf_glm5.py --model "$model" --modes "$modes" --batch 1,8 \
@@ -63,7 +70,7 @@ run)
             tee "$out/hf-${modes//,/+}.txt" || status=1
         ;;
     *)
-        echo "usage: $0 run glmc | run gemv | run peers MODES [SECONDS]" >&2
+        echo "usage: $0 run glmc | run gemv | run gemm | run peers MODES [SECONDS]" >&2
         exit 2
         ;;
     esac
@@ -80,7 +87,7 @@ render)
     python3 bench/render.py --out bench/RESULTS.md --merged "$dir/merged.json.all" "$dir"/*.json
     ;;
 *)
-    echo "usage: $0 build | run glmc | run gemv | run peers MODES [SECONDS] | render DIR" >&2
+    echo "usage: $0 build | run glmc | run gemv | run gemm | run peers MODES [SECONDS] | render DIR" >&2
     exit 2
     ;;
 esac

@@ -1113,12 +1113,14 @@ impl std::fmt::Display for TiledGemm {
 }
 
 /// The tiled GEMM's tile for K below [`LONG_K`]: 128 × 128 on 8 warps of 32 × 64 through a
-/// 4-stage ring of K steps of 32 (64 KiB of swizzled tiles). In the sweep of
-/// [`TILED_GEMM_VARIANTS`] on an H200 (`glm5_tiled_gemm_variants_are_timed`,
-/// tests/gpu/results/2026-12-01r, call 1) it stayed the fastest on q_b_proj, the indexer's wq_b,
-/// q_absorbed and kv_b_proj (K of 2048 and less), at 42–52% of torch.matmul's rate. Two blocks may
-/// share an SM where shared memory allows (an H200; not SM120's 100 KiB), so registers are held
-/// to 128 a thread.
+/// 4-stage ring of K steps of 32 (64 KiB of swizzled tiles), the blocks walking 16 row tiles
+/// down before they move right. Two blocks may share an SM where shared memory allows (an H200;
+/// not SM120's 100 KiB), so registers are held to 128 a thread. At K ≤ 512 (attn, kv_b_proj,
+/// q_absorbed) a block's few K steps make its ring's fill and its epilogue a large share of its
+/// time, which the second block of an SM hides: in the sweep on an H100
+/// (tests/gpu/results/2026-12-06a, call D) 256 × 128 tiles took q_absorbed 256.2 µs against
+/// 234.0 and attn 228.9 against 220.0 (kv_b_proj 364.3 against 366.5). Grouping 16 row tiles
+/// took attn from 249.1 µs (none) to 220.0.
 pub const TILED_GEMM: TiledGemm = TiledGemm {
     bm: 128,
     bn: 128,
@@ -1127,56 +1129,54 @@ pub const TILED_GEMM: TiledGemm = TiledGemm {
     bk: 32,
     stages: 4,
     min_blocks: 2,
-    group: 1,
+    group: 16,
 };
 
-/// The tiles the sweep times besides [`TILED_GEMM`]. 64 × 64 warp tiles read shared memory a
-/// third less per MMA than 32 × 64 ones (8 ldmatrix.x4 for 32 MMAs against 6 for 16): 4 warps
-/// on 128 × 128 (two blocks an SM, 231–254 registers), 8 on 128 × 256 or 256 × 128 (one block).
-/// Grouping 8 row tiles keeps a weight tile in L2 while 8 row tiles read it; 3 stages (48 KiB)
-/// let SM120 hold two blocks. K steps of 64 (`bk`, half the barriers per MMA) spill with either
-/// warp tile: 44 bytes on sm_90a at 32 × 64 (128 registers), 8 bytes on sm_120a at 64 × 64
-/// (255), the 16 copies' addresses a stage the difference.
-pub const TILED_GEMM_VARIANTS: [TiledGemm; 7] = {
+/// The tiles the sweep times besides [`TILED_GEMM`]: [`TILED_GEMM_LONG_K`], each of the two
+/// grouped otherwise, and 128 × 256 on 8 warps of 64 × 64. 64 × 64 warp tiles read shared memory
+/// a third less per MMA than 32 × 64 ones (8 ldmatrix.x4 for 32 MMAs against 6 for 16). Timed
+/// until 2026-12-06 and never ahead by more than 1%: 4 warps of 64 × 64 on 128 × 128 (231–254
+/// registers, 8–12% slower at K ≤ 2048; tests/gpu/results/2026-12-01r), 3 and 6 stages, and
+/// 64 × 128 tiles on 8 warps of 32 × 32 at two or three blocks an SM (7–147% slower than the
+/// best tile on every shape, q_absorbed too, whose output rather than its FLOPs sets the time;
+/// 2026-12-06a, call A). K steps of 64 (`bk`, half the barriers per MMA) spill with either warp
+/// tile: 44 bytes on sm_90a at 32 × 64 (128 registers), 8 bytes on sm_120a at 64 × 64 (255), the
+/// 16 copies' addresses a stage the difference.
+pub const TILED_GEMM_VARIANTS: [TiledGemm; 5] = {
     let t = TILED_GEMM;
-    let wide = TiledGemm {
-        warps_m: 2,
-        warps_n: 2,
-        ..t
-    };
-    let long = TiledGemm {
-        bn: 256,
-        warps_n: 4,
-        min_blocks: 1,
-        ..wide
-    };
+    let long = TILED_GEMM_LONG_K;
     [
-        wide,
-        TiledGemm { group: 8, ..wide },
-        TiledGemm { stages: 3, ..wide },
-        TiledGemm { stages: 6, ..wide },
         long,
-        TiledGemm { group: 8, ..long },
-        TILED_GEMM_LONG_K,
+        TiledGemm { group: 1, ..t },
+        TiledGemm { group: 8, ..t },
+        TiledGemm { group: 1, ..long },
+        TiledGemm {
+            bm: 128,
+            bn: 256,
+            warps_m: 2,
+            warps_n: 4,
+            ..long
+        },
     ]
 };
 
-/// The tile for a long K (≥ [`LONG_K`]): 256 × 128 on 8 warps of 64 × 64, one block an SM
-/// (96 KiB of ring). In the sweep on an H200 (tests/gpu/results/2026-12-01r, call 1) it was the
-/// fastest or within 1.3% of it on every GLM-5 prefill GEMM with K ≥ 6144 (the dense MLP
-/// 1361–1382 µs against 1759–1894 for [`TILED_GEMM`], o_proj 1807 against 2433), and slower on
-/// every one with K ≤ 2048 but the shared expert's down projection (q_b_proj 918 against 860,
-/// q_absorbed 267 against 230), where its fewer, longer blocks leave SMs idle.
+/// The tile from K = [`LONG_K`]: 256 × 128 on 8 warps of 64 × 64, one block an SM (96 KiB of
+/// ring), walking 8 row tiles down. Its warp tile reads shared memory a third less per MMA. In
+/// the sweep on an H100 (tests/gpu/results/2026-12-06a, call D) it was the fastest on every GLM-5
+/// prefill GEMM with K ≥ 2048 against 128 × 128 (q_b_proj 664.8 µs against 724.1, wq_b 175.3
+/// against 189.6, the shared expert's down projection 233.8 against 270.6, o_proj 1725 against
+/// 2057) and against itself ungrouped (q_b_proj 679.6, the dense MLP's gate/up 2868 against 3002).
 pub const TILED_GEMM_LONG_K: TiledGemm = TiledGemm {
     bm: 256,
     bn: 128,
     warps_m: 4,
     warps_n: 2,
     min_blocks: 1,
+    group: 8,
     ..TILED_GEMM
 };
 /// The K from which [`TILED_GEMM_LONG_K`] ships.
-pub const LONG_K: u64 = 6144;
+pub const LONG_K: u64 = 2048;
 
 /// The tile the compiler ships for a tiled GEMM of reduction length `k`.
 pub fn shipped_tiled_gemm(k: u64) -> TiledGemm {

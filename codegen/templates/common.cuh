@@ -160,6 +160,13 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
 // every kernel in this file shares the name.
 extern __shared__ __align__(16) unsigned char dynamic_smem[];
 
+// A compile-time flag for a generic lambda (`[&](auto flag) { if constexpr (flag.value) … }`), so
+// that a branch on a runtime condition is taken once around a whole unrolled loop rather than once
+// an iteration inside it, where it would split the loop into blocks the scheduler cannot interleave.
+template <bool B> struct Flag {
+    static constexpr bool value = B;
+};
+
 // Zeroes MI × NI m16n8 accumulator tiles.
 template <int MI, int NI> __device__ __forceinline__ void zero_tiles(float (&acc)[MI][NI][4]) {
 #pragma unroll

@@ -12,7 +12,8 @@
 // rotated at the row's position ({% if interleaved %}pairs (2i, 2i+1){% else %}pairs (i, i+{{ half }}){% endif %}, theta {{ theta }}).
 // Tiles walk a permuted column order in which each block's rotated pairs come first, two adjacent
 // columns per pair, and blocks are padded to an even width, so the thread holding an even column
-// holds its partner too; the angle is reduced in f64 as the rope kernel does.
+// holds its partner too. The angle is reduced in f32 arithmetic that keeps it within 3e-7 of
+// the f64 angle (rotate2 says how): SM120 runs f64 at 1/64 of the f32 rate.
 {%- endif %}
 namespace {{ name }}_ {
 constexpr int K = {{ k }}, N = {{ n }}, HEADS = {{ heads }};
@@ -20,7 +21,21 @@ constexpr int K = {{ k }}, N = {{ n }}, HEADS = {{ heads }};
 constexpr int PERIOD = {{ period }}, START = {{ start }}, R = {{ end }} - {{ start }}, HALF = R / 2;
 constexpr int PADDED = PERIOD + PERIOD % 2;
 constexpr int COLS = N / PERIOD * PADDED;
-__device__ const double inv_freq[HALF] = { {{ inv_freq }} };
+constexpr double INV_FREQ[HALF] = { {{ inv_freq }} };
+// Each frequency as a float and the float of what it misses, so that position · hi is computed
+// exactly (an fma gives its rounding error) and position · lo adds the rest.
+struct Freqs {
+    float hi[HALF], lo[HALF];
+};
+constexpr Freqs split_freqs() {
+    Freqs f{};
+    for (int i = 0; i < HALF; ++i) {
+        f.hi[i] = (float)INV_FREQ[i];
+        f.lo[i] = (float)(INV_FREQ[i] - (double)f.hi[i]);
+    }
+    return f;
+}
+__device__ const Freqs freqs = split_freqs();
 // The column a permuted index stands for, or -1 past the end and for a block's padding column.
 __device__ __forceinline__ int column(int l) {
     if (l >= COLS) return -1;
@@ -83,25 +98,72 @@ __device__ __forceinline__ i64 x_offset(i64 r, int h, i64 x_outer, i64 x_row, i6
     return (r / x_inner_rows) * x_outer + (r % x_inner_rows) * x_row + h * x_head;
 }
 
-// Permuted columns l and l + 1 (l even) of row r, rotated where rope applies; `positions` is
-// only read under rope.
-__device__ __forceinline__ void rotate2(int l, float& v0, float& v1, const i64* __restrict__ positions, i64 r,
-                                        i64 rows_per_position) {
+// The position row r is rotated at (0 without rope), exact as a float below 2^24. An epilogue
+// reads it once a row, not once a pair of columns: the i64 division and the dependent load are
+// not repeated for each of a thread's pairs.
+__device__ __forceinline__ float rope_position(const i64* __restrict__ positions, i64 r, i64 rows_per_position) {
 {%- if rope %}
-    if (l < COLS && l % PADDED < R) {
-        // Multiplying by 1/(2π) rather than dividing keeps the f64 division's slow path (a call,
-        // with registers saved around it) out of the epilogue; the reduced angle may then end a
-        // rounding past ±π, where the intrinsic is as accurate.
-        const double two_pi = 6.283185307179586, inv_two_pi = 0.15915494309189535;
-        double angle = (double)positions[r / rows_per_position] * inv_freq[(l % PADDED) / 2];
-        angle -= two_pi * rint(angle * inv_two_pi);
-        float s, c;
-        __sincosf((float)angle, &s, &c);
-        const float a = v0, b = v1;
-        v0 = a * c - b * s;
-        v1 = b * c + a * s;
-    }
+    return (float)positions[r / rows_per_position];
+{%- else %}
+    return 0.f;
 {%- endif %}
+}
+
+// Whether permuted column l is the first of a rotated pair.
+__device__ __forceinline__ bool rotated(int l) {
+{%- if rope %}
+    return l < COLS && l % PADDED < R;
+{%- else %}
+    return false;
+{%- endif %}
+}
+
+// The frequency of permuted column l's pair (hi + lo), and whether it turns at all.
+struct Freq {
+    float hi, lo;
+    bool rot;
+};
+__device__ __forceinline__ Freq freq_of(int l) {
+{%- if rope %}
+    const bool rot = rotated(l);
+    const int i = rot ? l % PADDED / 2 : 0;
+    return {freqs.hi[i], freqs.lo[i], rot};
+{%- else %}
+    return {0.f, 0.f, false};
+{%- endif %}
+}
+
+// A pair of columns turned by frequency f at `position`. Branch-free: a pair outside the rope
+// span turns by 0, so an epilogue's pairs are independent chains the scheduler interleaves. The
+// angle p·f (p < 2^24, f = hi + lo) is reduced by 2π in three parts: n·C1 is exact (C1 has 8
+// bits, n < 2^16), so p·hi − n·C1 is exact too (both are multiples of p·hi's ulp and the
+// difference is under 2^7); the fmas against C2 and C3 round once each near π, and the rounding
+// error of p·hi and p·lo are added last. Emulated in f32 at 300 random positions below 2^18 and
+// GLM-5's 32 frequencies it lands within 2.9e-7 of the f64 angle; the GPU GEMM sweeps check the
+// kernels at positions up to GLM-5's 202752.
+__device__ __forceinline__ void rotate2(Freq f, float& v0, float& v1, float position) {
+{%- if rope %}
+    constexpr float C1 = 6.28125f, C2 = 1.9353071795864769e-3f;
+    constexpr float C3 = (float)(6.283185307179586 - 6.28125 - (double)C2), INV_TWO_PI = 0.15915494309189535f;
+    const float p = position * f.hi;
+    const float n = rintf(p * INV_TWO_PI);
+    float a = fmaf(-n, C1, p);
+    a = fmaf(-n, C2, a);
+    a = fmaf(-n, C3, a);
+    a += fmaf(position, f.hi, -p) + position * f.lo;
+    float s, c;
+    __sincosf(a, &s, &c);
+    s = f.rot ? s : 0.f;
+    c = f.rot ? c : 1.f;
+    const float x0 = v0, x1 = v1;
+    v0 = x0 * c - x1 * s;
+    v1 = x1 * c + x0 * s;
+{%- endif %}
+}
+
+// Permuted columns l and l + 1 (l even) of a row at `position`, rotated where rope applies.
+__device__ __forceinline__ void rotate2(int l, float& v0, float& v1, float position) {
+    rotate2(freq_of(l), v0, v1, position);
 }
 
 // Stores permuted columns l and l + 1 (l even) of one output row, rotated first where rope
@@ -109,7 +171,7 @@ __device__ __forceinline__ void rotate2(int l, float& v0, float& v1, const i64* 
 template <typename T>
 __device__ __forceinline__ void store2(T* __restrict__ row, int l, float v0, float v1,
                                        const i64* __restrict__ positions, i64 r, i64 rows_per_position) {
-    rotate2(l, v0, v1, positions, r, rows_per_position);
+    rotate2(l, v0, v1, rope_position(positions, r, rows_per_position));
     int c = column(l);
     if (c >= 0) st(row + c, v0);
     c = column(l + 1);

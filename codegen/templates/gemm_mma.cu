@@ -137,40 +137,69 @@
     }
     __syncthreads();
     T* const sy = reinterpret_cast<T*>(dynamic_smem);  // [BM][PITCH]
+    // Only a warp that holds a rotated pair rotates, all its pairs alike: rotate2 has no branch, and
+    // the one on `rotates` is taken once around the loops, so the pairs' chains (the angle's
+    // reduction, sin and cos) are independent and interleave; a branch a pair serialised them.
+    bool rotates = false;
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) rotates = rotates || rotated(n0 + wn * NI * 8 + ni * 8 + t4 * 2);
+    rotates = __any_sync(0xffffffffu, rotates);
     // Accumulator e of an 8-column tile is row g + (e / 2) * 8, column t4 * 2 + e % 2.
+    auto stage = [&](auto rotate) {
+        // A lane's pairs share their frequencies down the rows: read once, not once a row.
+        Freq freq[NI];
+        if constexpr (rotate.value) {
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int lr = wm * MI * 16 + mi * 16 + g + half * 8;
-#pragma unroll
-            for (int ni = 0; ni < NI; ++ni) {
-                const int lc = wn * NI * 8 + ni * 8 + t4 * 2;
-                float v0 = acc[mi][ni][half * 2], v1 = acc[mi][ni][half * 2 + 1];
-                if (m0 + lr < rows) rotate2(n0 + lc, v0, v1, positions, m0 + lr, rows_per_position);
-                st2(&sy[lr * PITCH + lc], v0, v1);
-            }
+            for (int ni = 0; ni < NI; ++ni) freq[ni] = freq_of(n0 + wn * NI * 8 + ni * 8 + t4 * 2);
         }
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int lr = wm * MI * 16 + mi * 16 + g + half * 8;
+                float position = 0.f;
+                if constexpr (rotate.value)
+                    if (m0 + lr < rows) position = rope_position(positions, m0 + lr, rows_per_position);
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) {
+                    const int lc = wn * NI * 8 + ni * 8 + t4 * 2;
+                    float v0 = acc[mi][ni][half * 2], v1 = acc[mi][ni][half * 2 + 1];
+                    if constexpr (rotate.value) rotate2(freq[ni], v0, v1, position);
+                    st2(&sy[lr * PITCH + lc], v0, v1);
+                }
+            }
+    };
+    if (rotates)
+        stage(Flag<true>{});
+    else
+        stage(Flag<false>{});
     __syncthreads();
     constexpr int ROW_VECS = BN / VEC;
+    // A thread's vectors lie in one column of vectors (THREADS is a multiple of ROW_VECS), so
+    // where they go is worked out once, not once a row: with rope, the permuted columns' map (a
+    // division and three branches a column) cost the epilogue more than the rotation did
+    // (q_b_proj at 4096 rows on an H100: 767 → 665 µs, tests/gpu/results/2026-12-06a).
+    static_assert(THREADS % ROW_VECS == 0, "a thread's vectors share their columns");
+    const int lc = tid % ROW_VECS * VEC;
+    int cols[VEC];
+    bool run = true;  // the vector's columns are consecutive output columns
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        cols[j] = column(n0 + lc + j);
+        run = run && cols[j] >= 0 && cols[j] == cols[0] + j;
+    }
     for (int v = tid; v < BM * ROW_VECS; v += THREADS) {
-        const int lr = v / ROW_VECS, lc = v % ROW_VECS * VEC;
+        const int lr = v / ROW_VECS;
         const i64 r = m0 + lr;
         if (r >= rows) break;
         T* const out = y + r * y_row + h * y_head;
         const T* const in = &sy[lr * PITCH + lc];
-        const int c = column(n0 + lc);
-        bool whole = c >= 0 && reinterpret_cast<size_t>(out + c) % 16 == 0;
-#pragma unroll
-        for (int j = 1; j < VEC; ++j) whole = whole && column(n0 + lc + j) == c + j;
-        if (whole) {
-            *reinterpret_cast<uint4*>(out + c) = *reinterpret_cast<const uint4*>(in);
+        if (run && reinterpret_cast<size_t>(out + cols[0]) % 16 == 0) {
+            *reinterpret_cast<uint4*>(out + cols[0]) = *reinterpret_cast<const uint4*>(in);
         } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                const int cj = column(n0 + lc + j);
-                if (cj >= 0) out[cj] = in[j];
-            }
+            for (int j = 0; j < VEC; ++j)
+                if (cols[j] >= 0) out[cols[j]] = in[j];
         }
     }
 }
