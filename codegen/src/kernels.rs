@@ -1013,6 +1013,11 @@ fn positions_ok(p: &TensorRef) -> Result<(), String> {
     Ok(())
 }
 
+/// Positions below which the GEMMs' rope epilogue (gemm_head.cuh's `rotate2`, its angle reduced
+/// in f32) is within 5e-7 of the f64 angle (`rope_angle_in_f32_holds_below_rope_positions`); a
+/// longer context leaves `matmul.rope` without a kernel, saying so, rather than rotating wrong.
+pub const ROPE_POSITIONS: u64 = 1 << 18;
+
 /// Columns `start..end` of every block of `period` that `matmul.rope` rotates.
 struct RopeColumns {
     interleaved: bool,
@@ -1813,6 +1818,13 @@ fn matmul(
             return Err(format!(
                 "rope columns {}..{} of every {} do not fit {n} columns",
                 r.start, r.end, r.period
+            ));
+        }
+        if cx.max_context > ROPE_POSITIONS {
+            return Err(format!(
+                "a context of {} is past the {ROPE_POSITIONS} positions the GEMMs' f32 rope \
+                 angle is checked for (gemm_head.cuh's rotate2): lower --max-context",
+                cx.max_context
             ));
         }
         let positions = &cx.operands[2];
@@ -3177,6 +3189,50 @@ fn moe_combine(cx: &NodeCtx, shared: bool) -> Result<Lowering, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// gemm_head.cuh's `split_freqs` and `rotate2` angle, step for step in f32 (`mul_add` is the
+    /// kernel's fmaf, `round_ties_even` its rintf).
+    fn rope_angle_f32(position: f32, f: f64) -> f32 {
+        const C1: f32 = 6.28125;
+        const C2: f32 = 1.935_307_2e-3;
+        const INV_TWO_PI: f32 = 0.159_154_94;
+        let c3 = (std::f64::consts::TAU - 6.28125 - f64::from(C2)) as f32;
+        let (hi, lo) = (f as f32, (f - f64::from(f as f32)) as f32);
+        let p = position * hi;
+        let n = (p * INV_TWO_PI).round_ties_even();
+        let a = (-n).mul_add(C1, p);
+        let a = (-n).mul_add(C2, a);
+        let a = (-n).mul_add(c3, a);
+        a + (position.mul_add(hi, -p) + position * lo)
+    }
+
+    #[test]
+    fn rope_angle_in_f32_holds_below_rope_positions() {
+        // The constants the emulation uses are the kernel's.
+        let head = include_str!("../templates/gemm_head.cuh");
+        for c in [
+            "C1 = 6.28125f, C2 = 1.9353071795864769e-3f",
+            "C3 = (float)(6.283185307179586 - 6.28125 - (double)C2), INV_TWO_PI = 0.15915494309189535f",
+        ] {
+            assert!(head.contains(c), "gemm_head.cuh no longer has {c}");
+        }
+        let tau = std::f64::consts::TAU;
+        let mut worst = 0f64;
+        // GLM-5's theta (1e6) and GLM-5.2's (8e6) over 64 rope dims, at every 61st position below
+        // ROPE_POSITIONS and its last: the f64 angle as the interpreter computes it, against it.
+        for theta in [1e6, 8e6] {
+            for f in inv_freq(theta, 64) {
+                for p in (0..ROPE_POSITIONS).step_by(61).chain([ROPE_POSITIONS - 1]) {
+                    let exact = (p as f64 * f).rem_euclid(tau);
+                    let d = (f64::from(rope_angle_f32(p as f32, f)) - exact).rem_euclid(tau);
+                    worst = worst.max(d.min(tau - d));
+                }
+            }
+        }
+        // Four roundings of half an f32 ulp near π (the fmas against C2 and C3, the error terms'
+        // sum and the last add) bound it by 5e-7, the size of __sincosf's own error there.
+        assert!(worst < 5e-7, "the f32 angle is {worst:e} from the f64 one");
+    }
 
     #[test]
     fn a_persistent_grid_is_resident_and_shares_the_tiles_evenly() {

@@ -12,7 +12,7 @@
 // rotated at the row's position ({% if interleaved %}pairs (2i, 2i+1){% else %}pairs (i, i+{{ half }}){% endif %}, theta {{ theta }}).
 // Tiles walk a permuted column order in which each block's rotated pairs come first, two adjacent
 // columns per pair, and blocks are padded to an even width, so the thread holding an even column
-// holds its partner too. The angle is reduced in f32 arithmetic that keeps it within 3e-7 of
+// holds its partner too. The angle is reduced in f32 arithmetic that keeps it within 5e-7 of
 // the f64 angle (rotate2 says how): SM120 runs f64 at 1/64 of the f32 rate.
 {%- endif %}
 namespace {{ name }}_ {
@@ -134,13 +134,14 @@ __device__ __forceinline__ Freq freq_of(int l) {
 }
 
 // A pair of columns turned by frequency f at `position`. Branch-free: a pair outside the rope
-// span turns by 0, so an epilogue's pairs are independent chains the scheduler interleaves. The
-// angle p·f (p < 2^24, f = hi + lo) is reduced by 2π in three parts: n·C1 is exact (C1 has 8
-// bits, n < 2^16), so p·hi − n·C1 is exact too (both are multiples of p·hi's ulp and the
-// difference is under 2^7); the fmas against C2 and C3 round once each near π, and the rounding
-// error of p·hi and p·lo are added last. Emulated in f32 at 300 random positions below 2^18 and
-// GLM-5's 32 frequencies it lands within 2.9e-7 of the f64 angle; the GPU GEMM sweeps check the
-// kernels at positions up to GLM-5's 202752.
+// span keeps its values by a select, so an epilogue's pairs are independent chains the
+// scheduler interleaves. The angle p·f (p < 2^24, f = hi + lo) is reduced by 2π in three parts:
+// n·C1 is exact (C1 has 8 bits, n < 2^16), so p·hi − n·C1 is exact too (both are multiples of
+// p·hi's ulp and the difference is under 2^7); the fmas against C2 and C3 round once each near
+// π, and the rounding error of p·hi and p·lo are added last: four roundings of half an ulp near
+// π, within 5e-7 of the f64 angle (__sincosf's own error there) below ROPE_POSITIONS
+// (kernels.rs, whose test emulates this in f32: 3.3e-7 at the worst). The GPU GEMM sweeps check
+// the kernels at positions up to GLM-5's 202752.
 __device__ __forceinline__ void rotate2(Freq f, float& v0, float& v1, float position) {
 {%- if rope %}
     constexpr float C1 = 6.28125f, C2 = 1.9353071795864769e-3f;
@@ -153,11 +154,10 @@ __device__ __forceinline__ void rotate2(Freq f, float& v0, float& v1, float posi
     a += fmaf(position, f.hi, -p) + position * f.lo;
     float s, c;
     __sincosf(a, &s, &c);
-    s = f.rot ? s : 0.f;
-    c = f.rot ? c : 1.f;
+    // Selected, not turned by 0: an infinite partner would make x · 0 a NaN.
     const float x0 = v0, x1 = v1;
-    v0 = x0 * c - x1 * s;
-    v1 = x1 * c + x0 * s;
+    v0 = f.rot ? x0 * c - x1 * s : x0;
+    v1 = f.rot ? x1 * c + x0 * s : x1;
 {%- endif %}
 }
 

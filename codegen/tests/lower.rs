@@ -149,17 +149,44 @@ fn a_context_past_the_attention_bitmap_is_missing_with_its_reason() {
         ..LIMITS
     };
     let l = lower_module(&module("tiny-sparse.ron").1, Target::Sm120, limits).unwrap();
-    assert_eq!(l.missing_ops(), ["mla.attend.absorbed"]);
-    let why = l
-        .phases
+    // Past the rope GEMMs' positions too (the test below).
+    assert_eq!(l.missing_ops(), ["matmul.rope", "mla.attend.absorbed"]);
+    let why = missing_reason(&l, "mla.attend.absorbed");
+    assert!(why.contains("a context of 1048576 is too long"), "{why}");
+}
+
+/// Why the first node of `op` has no kernel.
+fn missing_reason(l: &glmc_codegen::Lowered, op: &str) -> String {
+    l.phases
         .iter()
         .flat_map(|p| &p.steps)
         .find_map(|s| match s {
-            Step::Missing { why, .. } => Some(why.clone()),
+            Step::Missing { op: o, why, .. } if o == op => Some(why.clone()),
             _ => None,
         })
-        .unwrap();
-    assert!(why.contains("a context of 1048576 is too long"), "{why}");
+        .unwrap()
+}
+
+#[test]
+fn a_context_past_the_rope_gemms_positions_is_missing_with_its_reason() {
+    use glmc_codegen::kernels::ROPE_POSITIONS;
+    let m = module("tiny-sparse.ron").1;
+    let at = |max_context| {
+        let limits = glmc_codegen::Limits {
+            max_context,
+            ..LIMITS
+        };
+        lower_module(&m, Target::Sm120, limits).unwrap()
+    };
+    assert!(at(ROPE_POSITIONS).missing_ops().is_empty());
+    let l = at(ROPE_POSITIONS + 1);
+    assert_eq!(l.missing_ops(), ["matmul.rope"]);
+    let why = missing_reason(&l, "matmul.rope");
+    assert!(
+        why.contains("a context of 262145 is past the 262144 positions"),
+        "{why}"
+    );
+    assert!(why.contains("lower --max-context"), "{why}");
 }
 
 #[test]
