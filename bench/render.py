@@ -10,6 +10,8 @@ Each JSON is one of (bench/README.md documents the fields):
   glmc-bench-gemv/1    scripts/torch_gemm.py on a GPU GEMM sweep: glmc and torch.matmul on
                        the decode GEMMs (the skinny sweep) or the prefill GEMMs (the tiled
                        sweep) under issue 14's protocol
+  glmc-bench-attention/1  scripts/attention_result.py on the absorbed-attention GPU test's
+                       timings (each case checked against the interpreter first)
 
 Nothing is computed here that the files do not hold, except ratios of their numbers. A file
 marked "fixture" (the unit tests' invented sample) makes the page say so at the top, so a page
@@ -22,6 +24,7 @@ import re
 import sys
 
 GLMC, PEER, MATMUL, GEMV = "glmc-bench/1", "glmc-bench-peer/1", "glmc-bench-matmul/1", "glmc-bench-gemv/1"
+ATTENTION = "glmc-bench-attention/1"
 DASH = "—"
 # Issue 14's decode GEMM target: 1–8 rows; weights of 64 MB or more must reach 85% of the copy
 # bandwidth, smaller ones 75%.
@@ -30,7 +33,7 @@ GEMV_ROWS, GEMV_LARGE_BYTES = 8, 64 << 20
 
 def load(paths):
     """The documents of `paths`, grouped by schema; an unknown schema is an error."""
-    docs = {GLMC: [], PEER: [], MATMUL: [], GEMV: []}
+    docs = {GLMC: [], PEER: [], MATMUL: [], GEMV: [], ATTENTION: []}
     for p in paths:
         with open(p) as f:
             doc = json.load(f)
@@ -144,6 +147,7 @@ def render(docs):
     lines += peer_section(docs)
     lines += gemv_section(docs)
     lines += prefill_sweep_section(docs)
+    lines += attention_section(docs)
     lines += matmul_section(docs)
     return "\n".join(lines) + "\n"
 
@@ -189,6 +193,7 @@ def targets_section(docs):
                     [f"decode, batch 1, context {context}, {a}: faster than the best PyTorch peer", f"{ms(lat)} ms against {mode}'s {ms(best)} ms", yes_no(lat < best)]
                 )
     rows += gemv_targets(docs)
+    rows += attention_targets(docs)
     # Judged where glmc's kernel and torch.matmul were timed the same way (the tiled sweep, each
     # shape alone); the in-model times of matmul.json only where no sweep ran.
     pre = prefill_sweep_shapes(docs)
@@ -237,7 +242,7 @@ def targets_section(docs):
         "(each shape alone, weights from DRAM, back to back in a CUDA graph: the GPU skinny sweep and",
         "torch.matmul timed the same way, `scripts/bench-gpu.sh run gemv`), and so are the prefill",
         "GEMMs where the tiled sweep ran (`scripts/bench-gpu.sh run gemm`); the absorbed-attention",
-        "targets are measured by the GPU tests (tests/gpu/README.md). The table of torch.matmul on",
+        "targets by the GPU test that checks its kernels (`scripts/bench-gpu.sh run attention`). The table of torch.matmul on",
         "glmc's GEMM shapes at the end times glmc's GEMMs inside the model instead, launch by launch,",
         "so a short kernel's launch latency counts there.",
         "",
@@ -325,6 +330,65 @@ def prefill_sweep_section(docs):
         f"back to back in a CUDA graph, in one call on {sweep_devices(docs, 'prefill')} ({dates}; `scripts/bench-gpu.sh run gemm`).",
         "",
     ] + table(["node (layers folded)", "heads × N × K", "tile", "glmc us", "glmc TFLOP/s", "torch us", "torch TFLOP/s", "of torch's rate"], rows)
+
+
+# Issue 14's absorbed-attention targets: decode at batch 64 over 32k contexts (2048 keys picked
+# a row), the 8 heads of a rank at TP=8 against the copy bandwidth, all 64 against the roofline.
+ATTENTION_ROWS, ATTENTION_CONTEXT = 64, 32768
+ATTENTION_TARGETS = ((8, "of the copy bandwidth", 0.8), (64, "of its roofline", 0.6))
+
+
+def attention_case(d, heads):
+    """The shipped kernel's case of the target shape in an attention run, if it ran."""
+    for c in d["cases"]:
+        if (c["case"], c["heads"], c["rows"], c["context"]) == ("decode", heads, ATTENTION_ROWS, ATTENTION_CONTEXT):
+            return c
+    return None
+
+
+def attention_targets(docs):
+    rows = []
+    for d in docs[ATTENTION]:
+        for heads, what, goal in ATTENTION_TARGETS:
+            c = attention_case(d, heads)
+            if c is None:
+                continue
+            if heads == 8:
+                frac = c["bytes"] / (c["time_us"] * 1e-6) / (d["copy_gbs"] * 1e9)
+            else:
+                frac = c["roofline_us"] / c["time_us"]
+            rows.append(
+                [
+                    f"absorbed attention, batch {ATTENTION_ROWS}, context {ATTENTION_CONTEXT}, {heads} heads: ≥ {goal * 100:.0f}% {what}",
+                    f"{pct(frac)} ({num(c['time_us'])} us on {d['device']['name']})",
+                    yes_no(frac >= goal),
+                ]
+            )
+    return rows
+
+
+def attention_section(docs):
+    """Every decode case of the absorbed-attention runs at batch 64: the shipped kernel and the
+    variants timed beside it."""
+    lines = []
+    for d in docs[ATTENTION]:
+        rows = [
+            [c["case"], c["heads"], c["context"], c["kernels"], num(c["time_us"]), num(c["bytes"] / c["time_us"] / 1e3, 0), pct(c["roofline_us"] / c["time_us"])]
+            for c in d["cases"]
+            if c["phase"] == "decode" and c["rows"] == ATTENTION_ROWS
+        ]
+        if not rows:
+            continue
+        lines += [
+            "",
+            "## Absorbed attention at batch 64",
+            "",
+            f"The GPU test's decode cases at batch {ATTENTION_ROWS} on {d['device']['name']} ({d.get('date', '?')}; "
+            f"`scripts/bench-gpu.sh run attention`; copy {d['copy_gbs']:.0f} GB/s, mma.sync {d['mma_tflops']:.0f} TFLOP/s): "
+            "each row's 2048 top-k keys past 2048 tokens, each case checked against the interpreter before it was timed.",
+            "",
+        ] + table(["case", "heads", "context", "kernels", "us", "GB/s", "of roofline"], rows)
+    return lines
 
 
 def gemv_targets(docs):

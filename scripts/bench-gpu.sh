@@ -11,14 +11,17 @@
 #   scripts/bench-gpu.sh run gemm              # there: issue 14's prefill GEMM protocol: the GPU
 #                                              # tiled sweep (needs .gpu/gpu_kernels too) and
 #                                              # torch.matmul on its shapes (~3 min)
+#   scripts/bench-gpu.sh run attention         # there: issue 14's absorbed-attention targets: the
+#                                              # GPU test that checks and times the kernels (needs
+#                                              # .gpu/gpu_kernels too) into attention.json (~2 min)
 #   scripts/bench-gpu.sh run peers MODES [S]   # there: transformers in MODES (comma-separated:
 #                                              # eager, max-autotune-no-cudagraphs, reduce-overhead),
 #                                              # each under S seconds (default 240), then plots
 #   scripts/bench-gpu.sh render DIR            # anywhere: DIR/*.json -> bench/RESULTS.md
 #
 # Each `run` writes into $OUT/bench.tgz (the device call's output folder): glmc.json / glmc.txt /
-# matmul.json, gemv.json / gemv.md or gemm.json / gemm.md and the sweep's tables, or hf-<modes>.json and one log per
-# mode; RESULTS.md and the PNG plots are made from those plus every JSON of $BENCH_RESULTS
+# matmul.json, gemv.json / gemv.md or gemm.json / gemm.md and the sweep's tables, attention.json
+# and the test's attention.md, or hf-<modes>.json and one log per mode; RESULTS.md and the PNG plots are made from those plus every JSON of $BENCH_RESULTS
 # (default bench/results/latest), where the lead puts the files of the earlier calls of the
 # session so that the last call plots them all.
 set -euo pipefail
@@ -63,6 +66,14 @@ run)
         ;;
     gemv) sweep glm5_skinny_gemm_variants_are_timed skinny gemv ;;
     gemm) sweep glm5_tiled_gemm_variants_are_timed tiled gemm ;;
+    attention)
+        mkdir -p "$out/test"
+        GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="$out/test" .gpu/gpu_kernels --ignored \
+            --nocapture --exact glm5_absorbed_attention_matches_and_is_timed >"$out/attention-test.txt" 2>&1 || status=1
+        if [ -f "$out/test/attention.json" ]; then
+            python3 scripts/attention_result.py "$out/test/attention.json" "$out/attention.json" || status=1
+        fi
+        ;;
     peers)
         modes="${3:?run peers MODES [SECONDS]}"
         python3 bench/peers/hf_glm5.py --model "$model" --modes "$modes" --batch 1,8 \
@@ -70,7 +81,7 @@ run)
             tee "$out/hf-${modes//,/+}.txt" || status=1
         ;;
     *)
-        echo "usage: $0 run glmc | run gemv | run gemm | run peers MODES [SECONDS]" >&2
+        echo "usage: $0 run glmc | run gemv | run gemm | run attention | run peers MODES [SECONDS]" >&2
         exit 2
         ;;
     esac
@@ -87,7 +98,7 @@ render)
     python3 bench/render.py --out bench/RESULTS.md --merged "$dir/merged.json.all" "$dir"/*.json
     ;;
 *)
-    echo "usage: $0 build | run glmc | run gemv | run gemm | run peers MODES [SECONDS] | render DIR" >&2
+    echo "usage: $0 build | run glmc | run gemv | run gemm | run attention | run peers MODES [SECONDS] | render DIR" >&2
     exit 2
     ;;
 esac

@@ -94,6 +94,9 @@ pub struct NodeCtx<'a> {
     /// The fewest 32-key tiles a split of the sparse absorbed attention holds, where its top-k
     /// bounds the keys ([`Variant::MlaTilesPerSplit`]; [`MLA_SPARSE_TILES_PER_SPLIT`] shipped).
     pub mla_tiles_per_split: u64,
+    /// Whether the absorbed attention keeps to 16 heads a block where 32 would fit
+    /// ([`Variant::MlaNarrow`]; the wide kernel shipped).
+    pub mla_narrow: bool,
     /// The form of every bf16 `moe.down` at decode ([`Variant::MoeDown`]), or None for the
     /// shipped one by token count ([`shipped_moe_down`]).
     pub moe_down: Option<MoeDown>,
@@ -2111,13 +2114,20 @@ fn attention(
 /// DeepSeek-V3's).
 const MLA_LATENT: u64 = 512;
 const MLA_ROPE: u64 = 64;
-/// Heads per block of it: one m16 MMA tile of query rows (`mla_absorbed.cu` says why).
+/// Heads per block of it: one m16 MMA tile of query rows (`mla_absorbed.cu` says why), or, where
+/// the heads come in multiples of [`MLA_WIDE_HEAD_TILE`], that many with the queries in
+/// registers (`mla_absorbed_wide.cu`).
 const MLA_HEAD_TILE: u64 = 16;
+const MLA_WIDE_HEAD_TILE: u64 = 32;
 const MLA_THREADS: u32 = 256;
 /// Its dynamic shared memory: the Q tile, two key stages, the score halves and probabilities
 /// (rows padded by 8 bf16), three floats and two visibility flags per row or key.
 const MLA_SHARED: u32 =
     (16 * 584 * 2 + 2 * 32 * 584 * 2 + 2 * 16 * 32 * 4 + 16 * 40 * 2 + 3 * 16 * 4 + 2 * 32) as u32;
+/// The wide kernel's: two key stages, four score partials and the probabilities of 32 heads
+/// (rows padded by 8), three floats per head and two visibility flags per key.
+const MLA_WIDE_SHARED: u32 =
+    (2 * 32 * 584 * 2 + 4 * 32 * 40 * 4 + 32 * 40 * 2 + 3 * 32 * 4 + 2 * 32) as u32;
 /// Blocks a launch aims at: two per SM of an H200 (132 SMs, whose 228 KiB hold two blocks),
 /// which also covers SM120's 188 SMs of one block each.
 const MLA_BLOCKS: u64 = 256;
@@ -2144,6 +2154,9 @@ pub enum Variant {
     /// Every split of the sparse absorbed attention holds at least this many 32-key tiles
     /// ([`MLA_SPARSE_TILES_PER_SPLIT`] otherwise).
     MlaTilesPerSplit(u64),
+    /// The absorbed attention takes 16 heads a block (`mla_absorbed.cu`) also where the wide
+    /// kernel's 32 would fit.
+    MlaNarrow,
     /// Every bf16 `moe.down` at decode takes this form, whatever its token count
     /// ([`shipped_moe_down`] otherwise).
     MoeDown(MoeDown),
@@ -2254,7 +2267,12 @@ fn mla_absorbed(
         .eval(cx.limits)
         .ok_or_else(|| format!("the row count {rows} is not bound by the limits"))?
         .max(1) as u64;
-    let head_tile = heads.min(MLA_HEAD_TILE);
+    let wide = !cx.mla_narrow && heads.is_multiple_of(MLA_WIDE_HEAD_TILE);
+    let head_tile = if wide {
+        MLA_WIDE_HEAD_TILE
+    } else {
+        heads.min(MLA_HEAD_TILE)
+    };
     let groups = heads / head_tile;
     let topk = if sparse {
         let topk = &ops[5];
@@ -2300,11 +2318,15 @@ fn mla_absorbed(
             at_most: tier.at_most.map(|m| m as i64),
         });
         let direct = tier.splits == 1;
-        let mut b = spec("mla_absorbed", MLA_THREADS)
-            .param("hg", head_tile)
-            .param("sparse", sparse)
-            .param("direct", direct)
-            .shared(MLA_SHARED, true);
+        let mut b = if wide {
+            spec("mla_absorbed_wide", MLA_THREADS).shared(MLA_WIDE_SHARED, true)
+        } else {
+            spec("mla_absorbed", MLA_THREADS)
+                .param("hg", head_tile)
+                .shared(MLA_SHARED, true)
+        }
+        .param("sparse", sparse)
+        .param("direct", direct);
         let mut args = if direct {
             vec![
                 cx.ptr("out", out),

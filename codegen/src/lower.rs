@@ -777,6 +777,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                     Some(Variant::MlaTilesPerSplit(n)) => n,
                     _ => MLA_SPARSE_TILES_PER_SPLIT,
                 },
+                mla_narrow: st.variant == Some(Variant::MlaNarrow),
                 moe_down: match st.variant {
                     Some(Variant::MoeDown(f)) => Some(f),
                     _ => None,

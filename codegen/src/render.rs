@@ -42,6 +42,13 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("gemv", include_str!("../templates/gemv.cu")),
     ("matmul", include_str!("../templates/matmul.cu")),
     ("mla_absorbed", include_str!("../templates/mla_absorbed.cu")),
+    (
+        "mla_absorbed_wide",
+        include_str!("../templates/mla_absorbed_wide.cu"),
+    ),
+    ("mla_head.cuh", include_str!("../templates/mla_head.cuh")),
+    ("mla_keys.cuh", include_str!("../templates/mla_keys.cuh")),
+    ("mla_out.cuh", include_str!("../templates/mla_out.cuh")),
     ("mla_merge", include_str!("../templates/mla_merge.cu")),
     ("mla_split.cuh", include_str!("../templates/mla_split.cuh")),
     (

@@ -106,20 +106,25 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+// The ldmatrix helpers take a generic pointer, or a 32-bit shared-memory address (smem_addr),
+// which keeps a kernel that walks many tiles from holding 64-bit pointers in registers.
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s));
 }
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) { ldmatrix_x4(r, smem_addr(smem)); }
 
 // ldmatrix_x4 with each 8×8 matrix transposed: the B operand of an MMA from a [k][n] tile (n
 // contiguous), as attention's values are.
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+    ldmatrix_x4_trans(r, smem_addr(smem));
 }
 
 // Copies 16 bytes, or writes 16 zero bytes where `valid` is false (the source is not read).
@@ -166,6 +171,34 @@ extern __shared__ __align__(16) unsigned char dynamic_smem[];
 template <bool B> struct Flag {
     static constexpr bool value = B;
 };
+
+// One key tile of an online softmax in base 2, for a row whose logits lie on LANES adjacent
+// lanes, N each (−inf: a hidden key): the running max m and sum l take the tile in, x becomes
+// its probabilities 2^(x − m), and the factor that rescales the earlier terms is returned. Until
+// a row has seen a visible key its max is −inf: 0 is subtracted instead, so every probability
+// and the factor are exactly 0, never NaN.
+template <int LANES, int N>
+__device__ __forceinline__ float online_softmax(float (&x)[N], float& m, float& l) {
+    float mx = x[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) mx = fmaxf(mx, x[i]);
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float m_new = fmaxf(m, mx);
+    const float base = m_new == -INFINITY ? 0.f : m_new;
+    const float c = exp2f(m - base);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        x[i] = exp2f(x[i] - base);
+        sum += x[i];
+    }
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    l = l * c + sum;
+    m = m_new;
+    return c;
+}
 
 // Zeroes MI × NI m16n8 accumulator tiles.
 template <int MI, int NI> __device__ __forceinline__ void zero_tiles(float (&acc)[MI][NI][4]) {

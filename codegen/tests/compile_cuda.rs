@@ -254,12 +254,16 @@ fn glm5_absorbed_attention_compiles_for_64_and_8_heads_without_local_memory() {
                 .filter(|k| k.template.starts_with("mla_")),
         );
     }
-    let heads: std::collections::BTreeSet<&str> = kernels
+    // 64 heads take the wide kernel (32 a block), a rank's 8 the narrow one.
+    let heads: std::collections::BTreeSet<(&str, &str)> = kernels
         .iter()
-        .filter(|k| k.template == "mla_absorbed")
-        .map(|k| k.params["heads"].as_str())
+        .filter(|k| k.template.starts_with("mla_absorbed"))
+        .map(|k| (k.template.as_str(), k.params["heads"].as_str()))
         .collect();
-    assert_eq!(heads.into_iter().collect::<Vec<_>>(), ["64", "8"]);
+    assert_eq!(
+        heads.into_iter().collect::<Vec<_>>(),
+        [("mla_absorbed", "8"), ("mla_absorbed_wide", "64")]
+    );
     let source = render::render(&kernels).unwrap();
     for target in [Target::Sm120a, Target::Sm90a] {
         let compiled = nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
@@ -270,7 +274,11 @@ fn glm5_absorbed_attention_compiles_for_64_and_8_heads_without_local_memory() {
                 (0, 0, 0),
                 "{target}: {u}"
             );
-            assert!(u.registers <= 128, "{target}: {u}");
+            // Two narrow blocks share an SM of an H200; the wide kernel holds its queries in
+            // registers at one block an SM (SM120's shared memory holds one of either).
+            if !u.name.contains("wide") {
+                assert!(u.registers <= 128, "{target}: {u}");
+            }
         }
     }
 }

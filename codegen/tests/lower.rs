@@ -486,11 +486,12 @@ fn glm5_decode_gemms_split_k_where_their_tiles_are_few() {
     assert_eq!(wide(&l, o_proj), [("gemm_skinny".to_string(), None)]);
 }
 
-/// GLM-5's absorbed attention (bf16, 64 heads of 512 + 64) takes the tensor-core kernel: per
-/// range of row counts one split count, the split ranges followed by the merge, every launch
-/// guarded by the rows, the grid by the rows alone; the partial results in one scratch buffer
-/// of the largest split range, live at the node's step alone. Its top-k of 2048 keys (64 tiles)
-/// caps the splits at 32 of two tiles each, so one to four rows take 128 to 512 blocks.
+/// GLM-5's absorbed attention (bf16, 64 heads of 512 + 64) takes the wide tensor-core kernel
+/// (two blocks of 32 heads a row): per range of row counts one split count, the split ranges
+/// followed by the merge, every launch guarded by the rows, the grid by the rows alone; the
+/// partial results in one scratch buffer of the largest split range, live at the node's step
+/// alone. Its top-k of 2048 keys (64 tiles) caps the splits at 32 of two tiles each, so one to
+/// four rows take 64 to 256 blocks.
 #[test]
 fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
     use glmc_codegen::expr::Bindings;
@@ -539,7 +540,7 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
                 })
                 .unwrap();
             let blocks = attend.grid.eval(&b).unwrap();
-            assert_eq!(blocks, rows * 4 * split, "{phase_name} rows={rows}");
+            assert_eq!(blocks, rows * 2 * split, "{phase_name} rows={rows}");
             if split == 1 {
                 assert_eq!(runs.len(), 1, "{phase_name} rows={rows}: {names:?}");
                 assert!(rows > 64);
@@ -561,10 +562,10 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
                 };
                 assert_eq!(part(attend), part(runs[1]), "one scratch for both kernels");
                 assert_eq!(part(attend).buf, Buf::Arena);
-                // The largest split range: up to 64 rows × 2 splits (or 32 × 4) × 64 heads × 513.
+                // The largest split range: up to 64 rows × 4 splits (or 32 × 8) × 64 heads × 513.
                 assert_eq!(
                     part(attend).shape[0].as_const(),
-                    Some(128 * 64 * 513),
+                    Some(256 * 64 * 513),
                     "{phase_name}"
                 );
             }
@@ -575,12 +576,12 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
             .find(|k| k.name == launches[0].kernel)
             .unwrap();
         assert!(kernel.shared_bytes <= 99 * 1024);
-        assert_eq!(kernel.params["hg"], "16");
+        assert_eq!(kernel.template, "mla_absorbed_wide");
     }
 }
 
 /// A sparse attention's splits are capped by its top-k list (GLM-5: 2048 keys, 64 tiles of 32):
-/// shipped (two tiles a split), batch 1 takes 32 splits of 16 heads; the sweep's variant of at
+/// shipped (two tiles a split), batch 1 takes 32 splits of 32 heads; the sweep's variant of at
 /// least 4 tiles a split takes 16, of one tile 64.
 #[test]
 fn sparse_absorbed_attention_splits_hold_the_tiles_asked_for() {
@@ -620,6 +621,59 @@ fn sparse_absorbed_attention_splits_hold_the_tiles_asked_for() {
     let four =
         lower_module_with(&glm5, Target::Sm90a, limits, Variant::MlaTilesPerSplit(4)).unwrap();
     assert_eq!(splits_at_b1(&four, sparse), 16);
+}
+
+/// GLM-5's 64 heads take the wide kernel (32 heads a block) at both phases; the sweep's
+/// `MlaNarrow` keeps them to 16 a block, twice the blocks a row.
+#[test]
+fn the_absorbed_attention_takes_32_heads_a_block_unless_asked_for_16() {
+    use glmc_codegen::expr::Bindings;
+    use glmc_codegen::{lower_module_with, Variant};
+    let glm5 = module("glm5.ron").1;
+    let b = Bindings::from([
+        ("b".to_string(), 8),
+        ("s".to_string(), 256),
+        ("t".to_string(), 1024),
+    ]);
+    let attention = |l: &glmc_codegen::Lowered, phase_name: &str| {
+        let attend = phase(l, phase_name)
+            .launches()
+            .find(|x| {
+                x.op == "mla.attend.absorbed"
+                    && x.kernel.starts_with("glmc_mla_absorbed")
+                    && x.when.as_ref().is_none_or(|w| w.holds(&b) == Some(true))
+            })
+            .unwrap();
+        let kernel = l.kernels.iter().find(|k| k.name == attend.kernel).unwrap();
+        let splits = attend
+            .args
+            .iter()
+            .find_map(|a| match &a.value {
+                ArgValue::Int(p) if a.name == "splits" => p.as_const(),
+                _ => None,
+            })
+            .unwrap() as u64;
+        let rows = if phase_name == "decode" { 8 } else { 256 };
+        (
+            kernel.template.clone(),
+            kernel.threads,
+            attend.grid.eval(&b).unwrap() / rows / splits,
+        )
+    };
+    let wide = lower_module(&glm5, Target::Sm90a, LIMITS).unwrap();
+    let narrow = lower_module_with(&glm5, Target::Sm90a, LIMITS, Variant::MlaNarrow).unwrap();
+    for p in ["decode", "prefill"] {
+        assert_eq!(
+            attention(&wide, p),
+            ("mla_absorbed_wide".into(), 256, 2),
+            "{p}"
+        );
+        assert_eq!(
+            attention(&narrow, p),
+            ("mla_absorbed".into(), 256, 4),
+            "{p}"
+        );
+    }
 }
 
 /// The split ranges: batch 1 fills the GPU from one row, 8 heads (one group) split more, and
@@ -920,7 +974,7 @@ fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
 }
 
 /// Every kernel the shipped models generate, in every dtype, with dense attention, a greedy
-/// head or the `moe.experts` baseline too, waits for the kernel before it first: the runtime launches them as
+/// head, a tensor-parallel rank or the `moe.experts` baseline too, waits for the kernel before it first: the runtime launches them as
 /// programmatic dependents. Together the models reach every template, so a template added
 /// without the wait fails here even before it is first used.
 #[test]
@@ -941,6 +995,13 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
         }
     }
     modules.push(("glm5.ron dense".into(), common::dense_module("glm5.ron")));
+    // A rank's 8 heads at TP=8, which take the narrow absorbed attention.
+    modules.push((
+        "glm5.ron rank 0 of 8".into(),
+        glmc_passes::partition(&common::module("glm5.ron").1, 8)
+            .unwrap()
+            .remove(0),
+    ));
     modules.push((
         "tiny-sparse.ron without lower-moe".into(),
         common::module_without("tiny-sparse.ron", &["lower-moe"]),

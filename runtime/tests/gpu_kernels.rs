@@ -2917,10 +2917,13 @@ const MLA_TILES_PER_SPLIT_VARIANTS: [u64; 3] = [1, 4, 8];
 /// top-k lists), ragged lengths, a top-k list holding every key (dense_until 0) against dense
 /// attention, and a 4096-token sparse prefill. Where the interpreter would take minutes (batch
 /// 64 × 32768, the prefill) it checks sampled rows, and batch 64 × 32768 is also compared in
-/// full with the baseline kernel (the same values in f32, which the baseline takes). Timed by
-/// `run_on_gpu`; written to `attention.md` with the roofline: the bytes (each row's visible keys at
-/// 1152 bytes, the prefill's cache once, queries and outputs) at the copy bandwidth measured
-/// here, or the FLOPs (2 · heads · (576 + 512) per visible key) at the mma.sync rate.
+/// full with the baseline kernel (the same values in f32, which the baseline takes). Other
+/// split lengths at a few rows, and the 16-head kernel where 64 heads take the wide one, are
+/// timed against the shipped choice and checked the same way. Timed by `run_on_gpu`; written to
+/// `attention.md` (and `attention.json`, for `bench/render.py`) with the roofline: the bytes
+/// (each row's visible keys at 1152 bytes, the prefill's cache once, queries and outputs) at the
+/// copy bandwidth measured here, or the FLOPs (2 · heads · (576 + 512) per visible key) at the
+/// mma.sync rate.
 #[test]
 #[ignore = "gpu"]
 fn glm5_absorbed_attention_matches_and_is_timed() {
@@ -2997,6 +3000,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
          | case | heads | rows | context | kernels | checked rows | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut failures = Vec::new();
+    let mut timed: Vec<String> = Vec::new();
     for c in &cases {
         let module =
             absorbed_attention_module(c.phase, c.heads, c.sparse, c.dense_until, DType::BF16);
@@ -3101,8 +3105,8 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             let flops = visible.iter().sum::<usize>() as f64 * c.heads as f64 * 1088.0 * 2.0;
             (bytes, flops)
         };
+        let bound = (cost.0 / (copy_gbs * 1e9)).max(cost.1 / (MMA_SYNC_TFLOPS * 1e12));
         let row_cells = |secs: f64| {
-            let bound = (cost.0 / (copy_gbs * 1e9)).max(cost.1 / (MMA_SYNC_TFLOPS * 1e12));
             format!(
                 "{:.1} | {:.0} | {:.1} | {:.1}%",
                 secs * 1e6,
@@ -3110,6 +3114,21 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 cost.1 / secs / 1e12,
                 100.0 * bound / secs
             )
+        };
+        // The same row for bench/render.py (scripts/attention_result.py adds the header).
+        let mut entry = |label: &str, kernels: &str, err: &str, secs: f64| {
+            timed.push(format!(
+                "{{\"case\": \"{}{label}\", \"phase\": \"{}\", \"heads\": {}, \"rows\": {}, \"context\": {}, \"kernels\": \"{kernels}\", \"error\": \"{err}\", \"time_us\": {:.3}, \"bytes\": {}, \"flops\": {}, \"roofline_us\": {:.3}}}",
+                c.name,
+                c.phase,
+                c.heads,
+                c.rows,
+                c.context,
+                secs * 1e6,
+                cost.0,
+                cost.1,
+                bound * 1e6
+            ))
         };
         let secs = run.seconds_per_run.unwrap();
         drop(run);
@@ -3140,6 +3159,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 row_cells(base.seconds_per_run.unwrap())
             ));
         }
+        entry("", &kernels, &err, secs);
         let line = format!(
             "| {} | {} | {} | {} | {kernels} | {} | {err} | {} |",
             c.name,
@@ -3157,12 +3177,24 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         }
         // A row sees at most its top-k list, so at a few rows the splits that fill the GPU hold
         // a key tile or two each and the merge reads all of them: other split lengths are timed
-        // against the shipped one, each checked against the interpreter.
+        // against the shipped one, each checked against the interpreter; so is the narrow kernel
+        // (16 heads a block) where the heads take the wide one on many rows.
         let few_splits = c.sparse && c.rows <= 8 && c.context > c.dense_until as usize && !prefill;
-        for tiles in MLA_TILES_PER_SPLIT_VARIANTS.iter().filter(|_| few_splits) {
-            let lower = |m: &Module, t, l| {
-                lower_module_with(m, t, l, Variant::MlaTilesPerSplit(*tiles)).unwrap()
-            };
+        let mut variants: Vec<(String, Variant)> = MLA_TILES_PER_SPLIT_VARIANTS
+            .iter()
+            .filter(|_| few_splits)
+            .map(|t| {
+                (
+                    format!("≥ {t} tiles a split"),
+                    Variant::MlaTilesPerSplit(*t),
+                )
+            })
+            .collect();
+        if c.heads % 32 == 0 && c.rows >= 64 && c.context >= 2048 {
+            variants.push(("16 heads a block".into(), Variant::MlaNarrow));
+        }
+        for (label, variant) in &variants {
+            let lower = |m: &Module, t, l| lower_module_with(m, t, l, *variant).unwrap();
             let run = run_on_gpu_with(&dev, &module, limits, &ins, &b, true, &lower);
             let at = &run.phase.results[0].1;
             let out = gather(&bytes_of(&run, at), at, &b);
@@ -3174,21 +3206,23 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 Ok(e) => format!("{e:.1e}"),
                 Err(why) => {
                     failures.push(format!(
-                        "{} {}h {}×{}, {tiles} tiles a split: {why}",
+                        "{} {}h {}×{}, {label}: {why}",
                         c.name, c.heads, c.rows, c.context
                     ));
                     "FAIL".into()
                 }
             };
+            let kernels = launched(&run.phase, &b).join(",");
+            let secs = run.seconds_per_run.unwrap();
+            entry(&format!(" ({label})"), &kernels, &err, secs);
             let line = format!(
-                "| {} (≥ {tiles} tiles a split) | {} | {} | {} | {} | {} | {err} | {} |",
+                "| {} ({label}) | {} | {} | {} | {kernels} | {} | {err} | {} |",
                 c.name,
                 c.heads,
                 c.rows,
                 c.context,
-                launched(&run.phase, &b).join(","),
                 checked.len(),
-                row_cells(run.seconds_per_run.unwrap())
+                row_cells(secs)
             );
             println!("{line}");
             writeln!(report, "{line}").unwrap();
@@ -3196,6 +3230,14 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
     }
     print!("{report}");
     std::fs::write(out_dir().join("attention.md"), &report).unwrap();
+    std::fs::write(
+        out_dir().join("attention.json"),
+        format!(
+            "{{\"copy_gbs\": {copy_gbs:.1}, \"mma_tflops\": {MMA_SYNC_TFLOPS}, \"cases\": [\n{}\n]}}\n",
+            timed.join(",\n")
+        ),
+    )
+    .unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
