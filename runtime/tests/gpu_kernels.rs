@@ -3000,7 +3000,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
          | case | heads | rows | context | kernels | checked rows | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut failures = Vec::new();
-    let mut timed: Vec<String> = Vec::new();
+    let mut timed: Vec<serde_json::Value> = Vec::new();
     for c in &cases {
         let module =
             absorbed_attention_module(c.phase, c.heads, c.sparse, c.dense_until, DType::BF16);
@@ -3117,18 +3117,19 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         };
         // The same row for bench/render.py (scripts/attention_result.py adds the header).
         let mut entry = |label: &str, kernels: &str, err: &str, secs: f64| {
-            timed.push(format!(
-                "{{\"case\": \"{}{label}\", \"phase\": \"{}\", \"heads\": {}, \"rows\": {}, \"context\": {}, \"kernels\": \"{kernels}\", \"error\": \"{err}\", \"time_us\": {:.3}, \"bytes\": {}, \"flops\": {}, \"roofline_us\": {:.3}}}",
-                c.name,
-                c.phase,
-                c.heads,
-                c.rows,
-                c.context,
-                secs * 1e6,
-                cost.0,
-                cost.1,
-                bound * 1e6
-            ))
+            timed.push(serde_json::json!({
+                "case": format!("{}{label}", c.name),
+                "phase": c.phase,
+                "heads": c.heads,
+                "rows": c.rows,
+                "context": c.context,
+                "kernels": kernels,
+                "error": err,
+                "time_us": secs * 1e6,
+                "bytes": cost.0,
+                "flops": cost.1,
+                "roofline_us": bound * 1e6,
+            }))
         };
         let secs = run.seconds_per_run.unwrap();
         drop(run);
@@ -3230,12 +3231,11 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
     }
     print!("{report}");
     std::fs::write(out_dir().join("attention.md"), &report).unwrap();
+    let doc =
+        serde_json::json!({"copy_gbs": copy_gbs, "mma_tflops": MMA_SYNC_TFLOPS, "cases": timed});
     std::fs::write(
         out_dir().join("attention.json"),
-        format!(
-            "{{\"copy_gbs\": {copy_gbs:.1}, \"mma_tflops\": {MMA_SYNC_TFLOPS}, \"cases\": [\n{}\n]}}\n",
-            timed.join(",\n")
-        ),
+        serde_json::to_string_pretty(&doc).unwrap(),
     )
     .unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
