@@ -50,7 +50,7 @@
 {% include "mla_head.cuh" %}
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8, VECS = D / 8;
     constexpr int HEADS = {{ heads }}, HG = {{ hg }}, GROUPS = HEADS / HG;
-    constexpr int BN = 32, LDP = BN + 8, THREADS = 256, MI = 1, NT = 8, ROW_LANES = 16;
+    constexpr int BN = 32, LDP = BN + 8, THREADS = 256, MI = 1, ROW_LANES = 16;
     // [16][LDK] queries, [2][BN][LDK] keys, [2][16][BN] score halves, [16][LDP] probabilities,
     // per row: correction, sum and max, per key of a stage: whether it is visible. The 8-element
     // pad of a row (1168 and 80 bytes) puts the eight rows an ldmatrix phase reads on distinct
@@ -75,7 +75,7 @@
                                      : q2 + row * q2_row + h * q2_head + (c - D1 / 8) * 8;
         cp_async16(qs + r * LDK + c * 8, src, ok);
     }
-    float o[MI][NT][4];
+    float o[MI][8][4];
     zero_tiles(o);
     // The softmax state of head row `srow`, the same in its 16 threads.
     const int srow = tid >> 4, scol = (tid & 15) * 2;

@@ -28,7 +28,7 @@
 // fixed-latency MMA and ldmatrix chains (1.8, 1.0) and the four barriers a tile (0.9).
 {% include "mla_head.cuh" %}
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8, VECS = D / 8;
-    constexpr int HEADS = {{ heads }}, HG = 32, GROUPS = HEADS / HG, MI = 2, NT = 8, ROW_LANES = 8;
+    constexpr int HEADS = {{ heads }}, HG = 32, GROUPS = HEADS / HG, MI = 2, ROW_LANES = 8;
     constexpr int BN = 32, LDP = BN + 8, LDS = BN + 8, QUARTER = D / 4, KSTEPS = QUARTER / 16, THREADS = 256;
     static_assert(HEADS % HG == 0 && QUARTER % 16 == 0, "32-head groups, k steps within a quarter");
     // [2][BN][LDK] keys, [4][HG][LDS] score partials (one per dim quarter), [HG][LDP]
@@ -69,7 +69,7 @@
         }
     }
 
-    float o[MI][NT][4];
+    float o[MI][8][4];
     zero_tiles(o);
     // The softmax state of head row `srow`, the same in its 8 threads.
     const int srow = tid >> 3, scol = (tid & 7) * 4;

@@ -1,6 +1,6 @@
 {#- Where both absorbed-MLA kernels' blocks start: their row, head group and split (returning
     where the split holds no key tile), the thread's place in its warp, and the key ring they
-    fill (THREADS threads, tiles of BN = 32 keys of D1 + 64 dims in ks, rows LDK apart,
+    fill (8 threads a key, tiles of BN = 32 keys of D1 + 64 dims in ks, rows LDK apart,
     `visible` flags per stage) over the split's tiles t0..t1:
     ring_start() issues tiles t0 and t0 + 1 as cp.async groups, ring_next(s, t), once tile t is
     done with stage s, issues tile t + 2 into it (a group, empty past t1). Needs GROUPS, BN, D1,
@@ -20,11 +20,10 @@
     const bool listed = pos + 1 > {{ dense_until }};  // as mla_split.cuh counts the keys
     const i64* const list = topk + row * topk_row;
 {%- endif %}
-    // Each key of a tile is copied by KT threads (THREADS / BN), VECS / KT vectors each (the
-    // latent's 64, then the rope's 8); a key that is not visible reads nothing, lands as zeros
-    // and is masked out of the softmax.
-    constexpr int KT = THREADS / BN, KVECS = (VECS + KT - 1) / KT;
-    const int lkey = tid / KT, lsub = tid % KT;
+    // Each key of a tile is copied by 8 threads, 9 vectors each (64 latent, 8 rope); a key that
+    // is not visible reads nothing, lands as zeros and is masked out of the softmax.
+    static_assert(THREADS == 8 * BN, "8 threads a key");
+    const int lkey = tid >> 3, lsub = tid & 7;
     const bf16* const k1r = k1 + row * k1_seq;
     const bf16* const k2r = k2 + row * k2_seq;
     // The cache row of this thread's key in `tile` (−1: none). Its value is used a tile later
@@ -44,9 +43,9 @@
         const bf16* const a = k1r + (ok ? j : 0) * k1_key;
         const bf16* const b = k2r + (ok ? j : 0) * k2_key;
 #pragma unroll
-        for (int i = 0; i < KVECS; ++i) {
-            const int c = lsub + i * KT;
-            if (VECS % KT == 0 || c < VECS) cp_async16(dst + c * 8, c < D1 / 8 ? a + c * 8 : b + (c - D1 / 8) * 8, ok);
+        for (int i = 0; i < VECS / 8; ++i) {
+            const int c = lsub + i * 8;
+            cp_async16(dst + c * 8, i < D1 / 64 ? a + c * 8 : b + lsub * 8, ok);
         }
     };
 

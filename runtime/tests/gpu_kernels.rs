@@ -3191,7 +3191,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 )
             })
             .collect();
-        if c.heads % 32 == 0 && c.rows >= 64 && c.context >= 2048 {
+        if kernels.contains("mla_absorbed_wide") && c.rows >= 64 && c.context >= 2048 {
             variants.push(("16 heads a block".into(), Variant::MlaNarrow));
         }
         for (label, variant) in &variants {
