@@ -1980,7 +1980,8 @@ fn distinct_launches(
 /// interpreter and timed as issue 14 times a decode GEMM (weights from DRAM, back to back in a
 /// CUDA graph). Writes `skinny.md` (every variant, the one the lowering ships marked) and
 /// `skinny.json` (the shipped variant, for `scripts/torch_gemm.py`), so the lowering's choice
-/// is read off a measurement.
+/// is read off a measurement; the shipped variant is also timed with plain launches, for what
+/// programmatic launch buys back to back.
 #[test]
 #[ignore = "gpu"]
 fn glm5_skinny_gemm_variants_are_timed() {
@@ -2136,6 +2137,20 @@ fn glm5_skinny_gemm_variants_are_timed() {
                     ));
                 }
             }
+            // What programmatic launch buys the shipped variant back to back: the same run with
+            // each launch waiting for the one before it to finish.
+            let plain = |m: &Module, t: Target, l: Limits| Lowered {
+                programmatic_launch: false,
+                ..tweak(*shipped, kernel.clone())(m, t, l)
+            };
+            let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &plain);
+            let line = format!(
+                "| {rows} | {node} | {heads} × {n_cols} × {k} | {} plain launches | | {} |",
+                name(shipped, kernel),
+                timed(&run, mini, &b, copy_gbs).cells()
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
             let (secs, v) = best.unwrap();
             writeln!(
                 report,
