@@ -2,7 +2,7 @@
 # Device call C of the twelfth session of 2026-12-06: main as committed after call B (the decode
 # indexer kernel back to its three 128-key stages; the skinny sweep's plain-launch rows): issue
 # 14's prefill GEMM protocol (`bench-gpu.sh run gemm`) and absorbed-attention targets (`run
-# attention`) on whichever GPU came, the indexer test (the lowered kernels are call A's, whose
+# attention`) if an H200 came, the indexer test (the lowered kernels are call A's, whose
 # harness and oracle passed).
 set -u
 export GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_CACHE_DIR=/tmp/glmc-cache PATH="/usr/local/cuda/bin:$PATH"
@@ -11,6 +11,8 @@ trap 'tar czf "$OUT/r.tgz" -C "$OUT" r' EXIT
 t0=$SECONDS
 log() { echo "$1: exit $2 at $((SECONDS - t0)) s" | tee -a "$R/times.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >>"$R/times.txt"
+# Calls A and B already measured all of this on an H100; only the issue's GPU adds anything.
+grep -q "H200" "$R/times.txt" || { echo "not an H200: nothing run" | tee -a "$R/times.txt"; exit 0; }
 OUT="$R/g" BENCH_RESULTS=/nonexistent timeout 200 scripts/bench-gpu.sh run gemm >"$R/gemm.txt" 2>&1; log gemm $?
 OUT="$R/a" BENCH_RESULTS=/nonexistent timeout 100 scripts/bench-gpu.sh run attention >"$R/attention.txt" 2>&1; log attention $?
 GLMC_GPU_OUT="$R" timeout 40 .gpu/gpu_kernels --ignored --nocapture --exact glm5_indexer_matches_and_is_timed >"$R/indexer.txt" 2>&1; log indexer $?
