@@ -2144,8 +2144,15 @@ fn glm5_skinny_gemm_variants_are_timed() {
                 ..tweak(*shipped, kernel.clone())(m, t, l)
             };
             let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &plain);
+            let err = match worst_error(&run, &want, &b) {
+                Ok(e) => format!("{e:.1e}"),
+                Err(e) => {
+                    failures.push(format!("{node} rows={rows} plain launches: {e}"));
+                    "FAIL".to_string()
+                }
+            };
             let line = format!(
-                "| {rows} | {node} | {heads} × {n_cols} × {k} | {} plain launches | | {} |",
+                "| {rows} | {node} | {heads} × {n_cols} × {k} | {} plain launches | {err} | {} |",
                 name(shipped, kernel),
                 timed(&run, mini, &b, copy_gbs).cells()
             );
