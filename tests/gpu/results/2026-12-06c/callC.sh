@@ -11,7 +11,7 @@ trap 'tar czf "$OUT/r.tgz" -C "$OUT" r' EXIT
 t0=$SECONDS
 log() { echo "$1: exit $2 at $((SECONDS - t0)) s" | tee -a "$R/times.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >>"$R/times.txt"
-# Calls A and B already measured all of this on an H100; only the GPU adds anything.
+# The tenth session (gemm) and call A (attention) measured these on an H100; only the GPU adds anything.
 grep -q "H200" "$R/times.txt" || { echo "not an H200: nothing run" | tee -a "$R/times.txt"; exit 0; }
 OUT="$R/g" BENCH_RESULTS=/nonexistent timeout 200 scripts/bench-gpu.sh run gemm >"$R/gemm.txt" 2>&1; log gemm $?
 OUT="$R/a" BENCH_RESULTS=/nonexistent timeout 100 scripts/bench-gpu.sh run attention >"$R/attention.txt" 2>&1; log attention $?
