@@ -2104,27 +2104,32 @@ fn glm5_skinny_gemm_variants_are_timed() {
             let b = Bindings::from([("b".into(), rows), ("t".into(), 4096)]);
             let ins = inputs(mini, &b, &mut rng, 154_880, GLM5_POSITIONS);
             let want = interpret(mm, mini, &ins).unwrap();
+            // A run checked against the interpreter, timed and written as a line of the report.
+            let record =
+                |run: &Run, label: &str, failures: &mut Vec<String>, report: &mut String| {
+                    let err = match worst_error(run, &want, &b) {
+                        Ok(e) => format!("{e:.1e}"),
+                        Err(e) => {
+                            failures.push(format!("{node} rows={rows} {label}: {e}"));
+                            "FAIL".to_string()
+                        }
+                    };
+                    let t = timed(run, mini, &b, copy_gbs);
+                    let line = format!(
+                        "| {rows} | {node} | {heads} × {n_cols} × {k} | {label} | {err} | {} |",
+                        t.cells()
+                    );
+                    println!("{line}");
+                    writeln!(report, "{line}").unwrap();
+                    t
+                };
             let mut best: Option<(f64, SkinnyVariant)> = None;
             for v in variants {
                 let run =
                     run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &tweak(*v, kernel.clone()));
-                let worst = worst_error(&run, &want, &b);
-                let err = match &worst {
-                    Ok(e) => format!("{e:.1e}"),
-                    Err(e) => {
-                        failures.push(format!("{node} rows={rows} variant {v:?}: {e}"));
-                        "FAIL".to_string()
-                    }
-                };
-                let t = timed(&run, mini, &b, copy_gbs);
                 let mark = if v == shipped { "*" } else { "" };
-                let line = format!(
-                    "| {rows} | {node} | {heads} × {n_cols} × {k} | {}{mark} | {err} | {} |",
-                    name(v, kernel),
-                    t.cells()
-                );
-                println!("{line}");
-                writeln!(report, "{line}").unwrap();
+                let label = format!("{}{mark}", name(v, kernel));
+                let t = record(&run, &label, &mut failures, &mut report);
                 if best.is_none_or(|(secs, _)| t.secs < secs) {
                     best = Some((t.secs, *v));
                 }
@@ -2144,20 +2149,8 @@ fn glm5_skinny_gemm_variants_are_timed() {
                 ..tweak(*shipped, kernel.clone())(m, t, l)
             };
             let run = run_on_gpu_with(&dev, mm, limits, &ins, &b, true, &plain);
-            let err = match worst_error(&run, &want, &b) {
-                Ok(e) => format!("{e:.1e}"),
-                Err(e) => {
-                    failures.push(format!("{node} rows={rows} plain launches: {e}"));
-                    "FAIL".to_string()
-                }
-            };
-            let line = format!(
-                "| {rows} | {node} | {heads} × {n_cols} × {k} | {} plain launches | {err} | {} |",
-                name(shipped, kernel),
-                timed(&run, mini, &b, copy_gbs).cells()
-            );
-            println!("{line}");
-            writeln!(report, "{line}").unwrap();
+            let label = format!("{} plain launches", name(shipped, kernel));
+            record(&run, &label, &mut failures, &mut report);
             let (secs, v) = best.unwrap();
             writeln!(
                 report,
