@@ -15,6 +15,7 @@ use crate::schedule::{Arg, ArgValue};
 use crate::target::Target;
 
 mod prefill;
+pub use prefill::{ScoreRing, SCORE_DECODE_RING, SCORE_RING_VARIANTS};
 
 /// Threads per block of the one-thread-per-element kernels: enough warps to hide latency, small
 /// enough that a tail block wastes little.
@@ -100,6 +101,9 @@ pub struct NodeCtx<'a> {
     /// The form of every bf16 `moe.down` at decode ([`Variant::MoeDown`]), or None for the
     /// shipped one by token count ([`shipped_moe_down`]).
     pub moe_down: Option<MoeDown>,
+    /// The decode indexer kernel's key ring ([`Variant::ScoreRing`]; [`SCORE_DECODE_RING`]
+    /// shipped).
+    pub score_ring: ScoreRing,
     /// A prefill's `slot` input, where its `cache.update`s name one: the cache slot whose
     /// caches the node's cache operands are, read on the device so that a launch does not
     /// depend on it.
@@ -2160,6 +2164,8 @@ pub enum Variant {
     /// Every bf16 `moe.down` at decode takes this form, whatever its token count
     /// ([`shipped_moe_down`] otherwise).
     MoeDown(MoeDown),
+    /// The decode indexer kernel's key ring ([`SCORE_DECODE_RING`] otherwise).
+    ScoreRing(ScoreRing),
 }
 /// Threads of the merge kernel: 4 of the 512 latent columns each.
 const MLA_MERGE_THREADS: u32 = 128;

@@ -31,6 +31,7 @@ use sha2::{Digest, Sha256};
 use crate::expr::{Bindings, Poly};
 use crate::kernels::{
     self, Lowering, NodeCtx, Planned, Source, Variant, DECODE_GEMM, MLA_SPARSE_TILES_PER_SPLIT,
+    SCORE_DECODE_RING,
 };
 use crate::layout::{Buf, TensorRef};
 use crate::schedule::{ArgValue, Collective, CollectiveOp, Kernel, Launch, Phase, Step};
@@ -781,6 +782,10 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 moe_down: match st.variant {
                     Some(Variant::MoeDown(f)) => Some(f),
                     _ => None,
+                },
+                score_ring: match st.variant {
+                    Some(Variant::ScoreRing(r)) => r,
+                    _ => SCORE_DECODE_RING,
                 },
                 slot: st.slot(),
                 limits: &st.bindings,

@@ -5,33 +5,40 @@
 // row: bandwidth bound.
 //
 // The grid is persistent (as many blocks as the target's SMs hold at once: two per SM of the
-// H200, one on SM120): the rows' 128-key
-// tiles, taken in (row, key) order, are split into one contiguous run per block, so every block
-// streams about as many bytes, a block's run crosses a row boundary at most a few times, and a
-// short decode (one row of 8192 keys: 64 tiles) still spreads one tile per SM. Setup is per row,
-// not per block: the query's MMA fragments ({{ heads }} × {{ dim }}, {{ a_regs }} registers a
-// thread) and the head weights are read into registers from global memory (L1/L2: every warp
-// reads the same 8 KiB) when a tile of a new row comes up, while the key copies stay in flight.
+// H200, one on SM120): the rows' {{ tile_keys }}-key tiles, taken in (row, key) order, are split
+// into one contiguous run per block, so every block streams about as many bytes, a block's run
+// crosses a row boundary at most a few times, and a short decode (one row of 8192 keys) still
+// spreads over the SMs. Setup is per row, not per block: the query's MMA fragments ({{ heads }} ×
+// {{ dim }}, {{ a_regs }} registers a thread) and the head weights are read into registers when a
+// tile of a new row comes up, while the key copies stay in flight (the first row's query through
+// shared memory, a later row's from global memory: see below).
 //
-// Keys go through a {{ stages }}-stage cp.async ring of 128-key tiles ({{ smem_kib }} KiB, the
-// only shared memory; rows of 8 16-byte chunks XOR-swizzled so ldmatrix reads no bank twice,
-// others padded by one chunk): while one tile is multiplied the next {{ stages }} − 1 are in
-// flight, 64 KiB a block for GLM-5's 128 dims, 128 KiB an SM at two blocks, past the ~32 KiB an
-// SM that the H200's bandwidth × latency asks for. Keys past the row's position are not read: a
-// tile wholly past it is −inf, written directly, with no copy and no MMA.
+// Keys go through a {{ stages }}-stage cp.async ring of {{ tile_keys }}-key tiles ({{ smem_kib }}
+// KiB, the only shared memory; rows of 8 16-byte chunks XOR-swizzled so ldmatrix reads no bank
+// twice, others padded by one chunk): while one tile is multiplied the next {{ stages }} − 1 are
+// in flight (64 KiB a block for GLM-5's 128 dims in the shipped ring, 128 KiB an SM at two
+// blocks, past the ~32 KiB an SM that the H200's bandwidth × latency asks for). Keys past the
+// row's position are not read: a tile wholly past it is −inf, written directly, with no copy and
+// no MMA.
 //
-// Each warp takes 16 keys of a tile: {{ heads }} heads × 16 keys in m16n8k16 MMAs, and the same
-// register epilogue and summation order as `dsa_score_mma.cu` (relu, times w, summed over the
-// thread's heads, then over lanes 4, 8 and 16 apart), so the two kernels give the same bits.
+// Each warp takes an eighth of a tile's keys, {{ heads }} heads × 8 keys an m16n8k16 MMA, with
+// the same register epilogue and summation order as `dsa_score_mma.cu` (relu, times w, summed
+// over the thread's heads, then over lanes 4, 8 and 16 apart), so the two kernels give the same
+// bits.
 namespace {{ name }}_ {
 constexpr int H = {{ heads }}, D = {{ dim }}, STAGES = {{ stages }};
-constexpr int BN = 128, THREADS = 256, WARPS = 8, WN = BN / WARPS, NI = WN / 8;
+constexpr int BN = {{ tile_keys }}, THREADS = 256, WARPS = 8, WN = BN / WARPS, NI = WN / 8;
 constexpr int MI = H / 16, KK = D / 16, C = D / 8;
-constexpr int TILE = BN * (C % 8 == 0 ? C : C + 1) * 8;
+constexpr int ROW = (C % 8 == 0 ? C : C + 1) * 8, TILE = BN * ROW;
+// A tile's copies: THREADS / C keys a pass, in passes that keep a thread's swizzle (the key's
+// row mod 8) fixed.
+constexpr int KEY_STEP = THREADS / C, PASSES = BN / KEY_STEP, S_STEP = KEY_STEP * ROW;
+static_assert(THREADS % C == 0 && (C % 8 != 0 || KEY_STEP % 8 == 0), "the lowering checks dim");
+static_assert(H <= BN, "the query fits a stage: the lowering checks heads");
 
 __device__ __forceinline__ int at(int r, int c) {
-    if constexpr (C % 8 == 0) return (r * C + (c ^ (r & 7))) * 8;
-    else return (r * (C + 1) + c) * 8;
+    if constexpr (C % 8 == 0) return r * ROW + (c ^ (r & 7)) * 8;
+    else return r * ROW + c * 8;
 }
 
 // cp_async16 that also asks L2 to fetch the whole 256-byte block around the source: a key row
@@ -68,32 +75,53 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
     if (n <= 0) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
 
-    // Tile t's keys up to the row's position (zero-filled past it), nothing for a tile wholly
-    // past it. Every thread takes the same branch: `t` is the block's.
-    auto load = [&](int stage, int t) {
-        const int row = t / per_row, j0 = t % per_row * BN;
-        const int last = (int)min(positions[row], (i64)nkeys - 1);
-        if (j0 > last) return;
-        const bf16* const kr = k + row * k_seq + (i64)j0 * k_key;
-        bf16* const dst = sk + stage * TILE;
+    // Each thread copies 16-byte chunk `c` of keys r0, r0 + KEY_STEP, ... of a tile: its shared
+    // and global offsets are fixed, so a tile's copies cost a pointer and a compare each (the
+    // general index arithmetic cost about 200 instructions a thread a tile).
+    const int c0 = tid % C, r0 = tid / C;
+    const int s_off = at(r0, c0);
+    const i64 g_off = (i64)r0 * k_key + c0 * 8, g_step = (i64)KEY_STEP * k_key;
+    // The next tile to load, walked in (row, key) order: a division once, the row's last visible
+    // key read once a row.
+    int l_row = t_begin / per_row, l_j0 = t_begin % per_row * BN;
+    int l_last = (int)min(positions[l_row], (i64)nkeys - 1);
+    // The next tile's keys up to the row's position (zero-filled past it), nothing for a tile
+    // wholly past it. Every thread takes the same branch: the cursor is the block's.
+    auto load_next = [&](int stage) {
+        if (l_j0 <= l_last) {
+            const bf16* const src = k + l_row * k_seq + (i64)l_j0 * k_key + g_off;
+            bf16* const dst = sk + stage * TILE + s_off;
+            const int lim = l_last - l_j0 - r0;
 #pragma unroll
-        for (int i = tid; i < BN * C; i += THREADS) {
-            const int r = i / C, c = i % C;
-            const bool ok = j0 + r <= last;
-            cp_async16_l2(dst + at(r, c), ok ? kr + r * k_key + c * 8 : k, ok);
+            for (int u = 0; u < PASSES; ++u) {
+                const bool ok = u * KEY_STEP <= lim;
+                cp_async16_l2(dst + u * S_STEP, ok ? src + u * g_step : k, ok);
+            }
+        }
+        l_j0 += BN;
+        if (l_j0 >= nkeys) {
+            l_j0 = 0;
+            if (++l_row < rows) l_last = (int)min(positions[l_row], (i64)nkeys - 1);
         }
     };
 
     // Fragment (mi, kk) of the query: a0..a3 are heads mi·16 + g (+ 8 for a1, a3) at dims
-    // kk·16 + t4·2 (+ 8 for a2, a3), the pairs ldmatrix would give.
+    // kk·16 + t4·2 (+ 8 for a2, a3), the pairs ldmatrix gives.
     unsigned a[MI][KK][4];
     float wh[MI][2];
-    auto load_query = [&](int row) {
-        const bf16* const qr = q + row * q_row;
+    auto load_weights = [&](int row) {
 #pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int e = 0; e < 2; ++e) wh[mi][e] = rnd<{{ w_t }}>(ld(w + row * w_row + mi * 16 + g + e * 8) * w_scale);
+    };
+    // A later row's query, where a block's run crosses into it (a few blocks, once or twice):
+    // from global memory, the ring's stages all taken by keys in flight.
+    auto load_query = [&](int row) {
+        load_weights(row);
+        const bf16* const qr = q + row * q_row;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int kk = 0; kk < KK; ++kk) {
                 const bf16* const p = qr + (mi * 16 + g) * q_head + kk * 16 + t4 * 2;
@@ -102,30 +130,57 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
                 a[mi][kk][2] = ld_pair(p + 8);
                 a[mi][kk][3] = ld_pair(p + 8 * q_head + 8);
             }
-        }
     };
 
+    // The tile multiplied next, walked like the loads, and the row whose query the registers
+    // hold.
+    int row = t_begin / per_row, j_begin = t_begin % per_row * BN;
+    int last = (int)min(positions[row], (i64)nkeys - 1), a_row = row;
+    // The first row's query, which every block reads: copied whole, in 16-byte chunks, into the
+    // ring's last stage (free until the loop's first refill) ahead of the first keys, and read
+    // into fragments with ldmatrix. Read from global memory as the later rows' are, its 4-byte
+    // pieces (64 loads a thread) filled the load queue and stalled every block's start.
+    bf16* const sq = sk + (STAGES - 1) * TILE;
+    // The head weights are read first: read after the first keys' copies, their loads came back
+    // about when those did and held the loop's first refill (Nsight Compute on an H100: a sixth
+    // of the warps' samples waited on them).
+    load_weights(row);
+#pragma unroll
+    for (int u = 0; u < (H * C + THREADS - 1) / THREADS; ++u) {
+        const int i = tid + u * THREADS;
+        if (H * C % THREADS == 0 || i < H * C)
+            cp_async16(sq + at(i / C, i % C), q + row * q_row + i / C * q_head + i % C * 8, true);
+    }
+    cp_async_commit();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < n) load(s, t_begin + s);
+        if (s < n) load_next(s);
         cp_async_commit();
     }
-    // The first row's query is read while its first keys are in flight.
-    int a_row = t_begin / per_row;
-    load_query(a_row);
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int kk = 0; kk < KK; ++kk) ldmatrix_x4(a[mi][kk], sq + at(mi * 16 + (lane & 15), kk * 2 + (lane >> 4)));
     for (int kt = 0; kt < n; ++kt) {
+        if (kt > 0) {
+            j_begin += BN;
+            if (j_begin >= nkeys) {
+                j_begin = 0;
+                last = (int)min(positions[++row], (i64)nkeys - 1);
+            }
+        }
         cp_async_wait<STAGES - 2>();
-        // Tile kt has landed for every thread, and every warp is done with tile kt - 1, whose
-        // stage the next copy overwrites.
+        // Tile kt has landed for every thread, and every warp is done with tile kt - 1 (at the
+        // first, with the query's copy), whose stage the next copy overwrites.
         __syncthreads();
-        if (kt + STAGES - 1 < n) load((kt + STAGES - 1) % STAGES, t_begin + kt + STAGES - 1);
+        if (kt + STAGES - 1 < n) load_next((kt + STAGES - 1) % STAGES);
         cp_async_commit();
 
-        const int t = t_begin + kt, row = t / per_row, j_begin = t % per_row * BN;
-        const i64 pos = positions[row];
         const int j_end = min(j_begin + BN, nkeys);
         float* const orow = out + row * out_row;
-        if (j_begin > pos) {
+        if (j_begin > last) {
             for (int j = j_begin + tid; j < j_end; j += THREADS) orow[j] = -INFINITY;
             continue;
         }
@@ -170,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const int j = j_begin + warp * WN + ni * 8 + t4 * 2 + c;
-                    if (j < j_end) orow[j] = j <= pos ? sc[c] : -INFINITY;
+                    if (j < j_end) orow[j] = j <= last ? sc[c] : -INFINITY;
                 }
             }
         }

@@ -138,6 +138,35 @@ fn every_moe_down_form_compiles_without_local_memory() {
     }
 }
 
+/// Every key ring of the decode indexer kernel that the indexer test times
+/// (`SCORE_RING_VARIANTS`, beside the shipped `SCORE_DECODE_RING`) compiles for both targets at
+/// GLM-5's shape with no local memory, within SM120's shared memory.
+#[test]
+fn every_score_ring_compiles_without_local_memory() {
+    use glmc_codegen::kernels::{SCORE_DECODE_RING, SCORE_RING_VARIANTS};
+    let nvcc = compiler();
+    let (_, glm5) = module("glm5.ron");
+    for target in [Target::Sm120a, Target::Sm90a] {
+        for ring in std::iter::once(SCORE_DECODE_RING).chain(SCORE_RING_VARIANTS) {
+            let mut l = lower_module_with(&glm5, target, LIMITS, Variant::ScoreRing(ring)).unwrap();
+            l.kernels.retain(|k| k.template == "dsa_score_decode");
+            assert_eq!(l.kernels.len(), 1, "{ring:?}");
+            let source = render::render(&l.kernels).unwrap();
+            let compiled =
+                nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
+                    .unwrap_or_else(|e| panic!("{ring:?} for {target}: {e}"));
+            let u = &parse_ptxas(&compiled.ptxas)[0];
+            println!("{ring:?} {target}: {u}");
+            assert_eq!(
+                (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
+                (0, 0, 0),
+                "{ring:?} {target}: {u}"
+            );
+            assert!(l.kernels[0].shared_bytes <= target.tile_shared_memory_limit());
+        }
+    }
+}
+
 /// `gemm_skinny_persistent.cu`, which the lowering picks for a short K over many tiles only
 /// (kernels.rs: SKINNY_GEMM_16_STREAMED; the shipped kernels' test above holds it to no local
 /// memory on both targets), in place of every 16-row skinny GEMM of GLM-5 (dense attention too),

@@ -24,8 +24,8 @@ use glmc_codegen::artifact::{self, WeightEntry};
 use glmc_codegen::expr::{Bindings, GridDim, Guard};
 use glmc_codegen::kernels::{
     narrow_weight_columns, persistent_blocks, shipped_moe_down, shipped_tiled_gemm, DecodeGemm,
-    MoeDown, TiledGemm, DECODE_GEMM, DECODE_GEMM_VARIANTS, MOE_DOWN, MOE_DOWN_VARIANTS, TILED_GEMM,
-    TILED_GEMM_VARIANTS,
+    MoeDown, TiledGemm, DECODE_GEMM, DECODE_GEMM_VARIANTS, MOE_DOWN, MOE_DOWN_VARIANTS,
+    SCORE_RING_VARIANTS, TILED_GEMM, TILED_GEMM_VARIANTS,
 };
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Kernel, Phase, Step};
@@ -3470,8 +3470,9 @@ fn glm5_prefill_attention_matches_and_is_timed() {
 /// prefill on sampled rows) and on every row against codegen II's SIMT kernel (which f32 inputs
 /// of the same values take), `dsa.topk` exactly against the interpreter's top-k of the same GPU
 /// scores, and as a set against the interpreter's top-k of its own scores in the rows where the
-/// k-th and (k+1)-th best differ by more than that tolerance. Timed by `run_on_gpu`; written to
-/// `indexer.md`.
+/// k-th and (k+1)-th best differ by more than that tolerance. Where a case runs the decode kernel
+/// (`dsa_score_decode.cu`), its other key rings (`SCORE_RING_VARIANTS`) are checked against the
+/// interpreter and timed beside it. Timed by `run_on_gpu`; written to `indexer.md`.
 #[test]
 #[ignore = "gpu"]
 fn glm5_indexer_matches_and_is_timed() {
@@ -3559,8 +3560,11 @@ fn glm5_indexer_matches_and_is_timed() {
         };
         let run = run_on_gpu(&dev, &score_module, limits, &ins, &b, true);
         let kernel = launched(&run.phase, &b).join(",");
-        let at = &run.phase.results[0].1;
-        let scores = gather(&bytes_of(&run, at), at, &b);
+        let scores_of = |run: &Run| {
+            let at = &run.phase.results[0].1;
+            gather(&bytes_of(run, at), at, &b)
+        };
+        let scores = scores_of(&run);
         let sample: Vec<usize> = if decode {
             (0..rows).collect()
         } else {
@@ -3584,22 +3588,24 @@ fn glm5_indexer_matches_and_is_timed() {
             .iter()
             .map(|x| *x as f64)
             .collect();
-        let got: Vec<f64> = sample
-            .iter()
-            .flat_map(|&r| scores[r * context..(r + 1) * context].iter().copied())
-            .collect();
-        let mut check = match compare(&got, &want, DType::F32) {
-            Ok(e) => format!("{e:.1e} ({} rows)", sample.len()),
-            Err(why) => {
-                failures.push(format!("{case} {rows}×{context} dsa.score: {why}"));
-                "FAIL".into()
+        let check_scores = |scores: &[f64], what: &str, failures: &mut Vec<String>| {
+            let got: Vec<f64> = sample
+                .iter()
+                .flat_map(|&r| scores[r * context..(r + 1) * context].iter().copied())
+                .collect();
+            match compare(&got, &want, DType::F32) {
+                Ok(e) => format!("{e:.1e} ({} rows)", sample.len()),
+                Err(why) => {
+                    failures.push(format!("{case} {rows}×{context} {what}: {why}"));
+                    "FAIL".into()
+                }
             }
         };
+        let mut check = check_scores(&scores, "dsa.score", &mut failures);
         let base = run_on_gpu(&dev, &baseline_module, limits, &ins, &b, false);
         let base_kernel = launched(&base.phase, &b).join(",");
         assert!(base_kernel.starts_with("glmc_dsa_score_") && !base_kernel.contains("mma"));
-        let at_base = &base.phase.results[0].1;
-        let base_scores = gather(&bytes_of(&base, at_base), at_base, &b);
+        let base_scores = scores_of(&base);
         drop(base);
         match compare(&scores, &base_scores, DType::F32) {
             Ok(e) => write!(check, "; all rows vs baseline {e:.1e}").unwrap(),
@@ -3626,6 +3632,30 @@ fn glm5_indexer_matches_and_is_timed() {
         println!("{line}");
         writeln!(report, "{line}").unwrap();
         drop(run);
+        // The decode kernel's other key rings, checked and timed like the shipped one.
+        if kernel.contains("dsa_score_decode") {
+            for ring in SCORE_RING_VARIANTS {
+                let lower = |m: &Module, t: Target, l: Limits| {
+                    lower_module_with(m, t, l, Variant::ScoreRing(ring)).unwrap()
+                };
+                let run = run_on_gpu_with(&dev, &score_module, limits, &ins, &b, true, &lower);
+                let what = format!("dsa.score, {} × {} keys", ring.stages, ring.keys);
+                let check = check_scores(&scores_of(&run), &what, &mut failures);
+                let t = timed_as(
+                    run.seconds_per_run.unwrap(),
+                    moved,
+                    2.0 * (HEADS * DIM) as f64 * visible,
+                    copy_gbs,
+                );
+                let line = format!(
+                    "| {case} {rows} × {context} | {what} | {} | {check} | {} |",
+                    launched(&run.phase, &b).join(","),
+                    t.cells()
+                );
+                println!("{line}");
+                writeln!(report, "{line}").unwrap();
+            }
+        }
 
         // The top-k of the GPU's scores: exactly the interpreter's top-k of the same scores.
         let gpu_scores = Tensor::f32(

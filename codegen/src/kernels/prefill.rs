@@ -204,8 +204,24 @@ fn score_decode_blocks(target: Target, shared: u64) -> u64 {
     let per_sm = u64::from(target.shared_memory_per_sm()) / (shared + 1024);
     u64::from(target.sm_count()) * per_sm.max(1)
 }
-/// Stages of its cp.async ring of key tiles.
-const SCORE_DECODE_STAGES: u64 = 3;
+/// Its cp.async ring of key tiles: `stages` tiles of `keys` keys (a multiple of 8 a warp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScoreRing {
+    pub keys: u64,
+    pub stages: u64,
+}
+/// Three tiles of 128 keys: 96 KiB at GLM-5's 128 dims, two blocks an H200 SM. On an H200
+/// (tests/gpu/results/2026-12-06c, call B), with a copy's index arithmetic general, six tiles of
+/// 64 keys took 29.9 µs at batch 8 × 32768 and four 39.2, against 24.8 at three of 128.
+pub const SCORE_DECODE_RING: ScoreRing = ScoreRing {
+    keys: 128,
+    stages: 3,
+};
+/// The other rings the indexer test times.
+pub const SCORE_RING_VARIANTS: [ScoreRing; 1] = [ScoreRing {
+    keys: 64,
+    stages: 6,
+}];
 /// Query registers a thread of it may hold (`heads × dim / 64`: GLM-5's 32 × 128 is 64).
 const SCORE_DECODE_MAX_A: u64 = 64;
 /// Rows from which a decode takes it. One sequence's keys are too few tiles to spread over its
@@ -218,12 +234,16 @@ const SCORE_DECODE_FEWEST_ROWS: i64 = 2;
 /// query fragments or the key ring do not fit (the row-per-block kernel takes those).
 fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Planned>, String> {
     let (heads, dim) = (o.heads, o.dim);
-    let shared = SCORE_DECODE_STAGES * tile_bytes(SCORE_KEYS, dim);
+    let ring = cx.score_ring;
+    let shared = ring.stages * tile_bytes(ring.keys, dim);
     // The kernel counts tiles and keys in 32 bits.
     let keys_in_all = o.rows.mul(&o.keys).eval(cx.limits);
-    // Its ldmatrix reads two 16-dim steps at once.
+    // Its ldmatrix reads two 16-dim steps at once, its threads copy whole keys a pass, and the
+    // first query is copied into one stage of the ring.
     if heads * dim / 64 > SCORE_DECODE_MAX_A
         || !dim.is_multiple_of(32)
+        || !(SCORE_WARPS * 32).is_multiple_of(dim / 8)
+        || heads > ring.keys
         || shared > shared_limit()
         || keys_in_all.is_none_or(|n| n > i64::from(i32::MAX))
     {
@@ -232,7 +252,8 @@ fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Planned>, Stri
     let b = Builder::new("dsa_score_decode", (SCORE_WARPS * 32) as u32)
         .param("heads", heads)
         .param("dim", dim)
-        .param("stages", SCORE_DECODE_STAGES)
+        .param("tile_keys", ring.keys)
+        .param("stages", ring.stages)
         .param("a_regs", heads * dim / 64)
         .param("smem_kib", shared.div_ceil(1024))
         .dtype("w_t", o.w.dtype)?
@@ -254,7 +275,7 @@ mod tests {
 
     #[test]
     fn the_persistent_indexer_grid_is_what_each_target_holds_at_once() {
-        let shared = SCORE_DECODE_STAGES * tile_bytes(SCORE_KEYS, 128);
+        let shared = SCORE_DECODE_RING.stages * tile_bytes(SCORE_DECODE_RING.keys, 128);
         assert_eq!(score_decode_blocks(Target::Sm90a, shared), 264);
         assert_eq!(score_decode_blocks(Target::Sm120a, shared), 188);
     }
