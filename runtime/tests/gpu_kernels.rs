@@ -3619,18 +3619,22 @@ fn glm5_indexer_matches_and_is_timed() {
         let visible: f64 = positions.iter().map(|p| (p + 1) as f64).sum();
         let moved =
             2.0 * (rows * HEADS * (DIM + 1) + k_rows * DIM) as f64 + 4.0 * (rows * context) as f64;
-        let t_score = timed_as(
-            run.seconds_per_run.unwrap(),
-            moved,
-            2.0 * (HEADS * DIM) as f64 * visible,
-            copy_gbs,
-        );
-        let line = format!(
-            "| {case} {rows} × {context} | dsa.score | {kernel} | {check} | {} |",
-            t_score.cells()
-        );
-        println!("{line}");
-        writeln!(report, "{line}").unwrap();
+        let record = |run: &Run, what: &str, check: &str, report: &mut String| {
+            let t = timed_as(
+                run.seconds_per_run.unwrap(),
+                moved,
+                2.0 * (HEADS * DIM) as f64 * visible,
+                copy_gbs,
+            );
+            let line = format!(
+                "| {case} {rows} × {context} | {what} | {} | {check} | {} |",
+                launched(&run.phase, &b).join(","),
+                t.cells()
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
+        };
+        record(&run, "dsa.score", &check, &mut report);
         drop(run);
         // The decode kernel's other key rings, checked and timed like the shipped one.
         if kernel.contains("dsa_score_decode") {
@@ -3641,19 +3645,7 @@ fn glm5_indexer_matches_and_is_timed() {
                 let run = run_on_gpu_with(&dev, &score_module, limits, &ins, &b, true, &lower);
                 let what = format!("dsa.score, {} × {} keys", ring.stages, ring.keys);
                 let check = check_scores(&scores_of(&run), &what, &mut failures);
-                let t = timed_as(
-                    run.seconds_per_run.unwrap(),
-                    moved,
-                    2.0 * (HEADS * DIM) as f64 * visible,
-                    copy_gbs,
-                );
-                let line = format!(
-                    "| {case} {rows} × {context} | {what} | {} | {check} | {} |",
-                    launched(&run.phase, &b).join(","),
-                    t.cells()
-                );
-                println!("{line}");
-                writeln!(report, "{line}").unwrap();
+                record(&run, &what, &check, &mut report);
             }
         }
 

@@ -212,7 +212,11 @@ pub struct ScoreRing {
 }
 /// Three tiles of 128 keys: 96 KiB at GLM-5's 128 dims, two blocks an H200 SM. On an H200
 /// (tests/gpu/results/2026-12-06c, call B), with a copy's index arithmetic general, six tiles of
-/// 64 keys took 29.9 µs at batch 8 × 32768 and four 39.2, against 24.8 at three of 128.
+/// 64 keys took 29.9 µs at batch 8 × 32768 and four 39.2, against 24.8 at three of 128. With the
+/// copies' offsets fixed a thread and the first query through shared memory, on an H100
+/// (tests/gpu/results/2026-12-06d, call C): six of 64 27.3 µs against 27.0 at batch 8 × 32768,
+/// 55.1 against 52.6 at 64 × 8192, 21.9 against 19.8 ragged, and faster only at short contexts
+/// (4.1 against 4.6 µs at 8 × 2048).
 pub const SCORE_DECODE_RING: ScoreRing = ScoreRing {
     keys: 128,
     stages: 3,
