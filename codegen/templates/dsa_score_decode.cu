@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
     if (n <= 0) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
 
-    // Each thread copies 16-byte chunk `c` of keys r0, r0 + KEY_STEP, ... of a tile: its shared
+    // Each thread copies 16-byte chunk c0 of keys r0, r0 + KEY_STEP, ... of a tile: its shared
     // and global offsets are fixed, so a tile's copies cost a pointer and a compare each (the
     // general index arithmetic cost about 200 instructions a thread a tile).
     const int c0 = tid % C, r0 = tid / C;
@@ -142,8 +142,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
     // pieces (64 loads a thread) filled the load queue and stalled every block's start.
     bf16* const sq = sk + (STAGES - 1) * TILE;
     // The head weights are read first: read after the first keys' copies, their loads came back
-    // about when those did and held the loop's first refill (Nsight Compute on an H100: a sixth
-    // of the warps' samples waited on them).
+    // about when those did and held the loop's first refill (Nsight Compute on an H100: 18% of
+    // the warps' samples waited on them).
     load_weights(row);
 #pragma unroll
     for (int u = 0; u < (H * C + THREADS - 1) / THREADS; ++u) {
