@@ -132,10 +132,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
             }
     };
 
-    // The tile multiplied next, walked like the loads, and the row whose query the registers
-    // hold.
-    int row = t_begin / per_row, j_begin = t_begin % per_row * BN;
-    int last = (int)min(positions[row], (i64)nkeys - 1), a_row = row;
+    // The tile multiplied next, walked like the loads from where they start, and the row whose
+    // query the registers hold.
+    int row = l_row, j_begin = l_j0, last = l_last, a_row = row;
     // The first row's query, which every block reads: copied whole, in 16-byte chunks, into the
     // ring's last stage (free until the loop's first refill) ahead of the first keys, and read
     // into fragments with ldmatrix. Read from global memory as the later rows' are, its 4-byte

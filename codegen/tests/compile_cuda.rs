@@ -20,6 +20,39 @@ fn compiler() -> nvcc::Compiler {
     }
 }
 
+/// Lowers `module` for `target` with `variant`, keeps the kernels of `templates`, compiles them
+/// and checks each has no local memory and fits SM120's shared memory; returns how many there
+/// were.
+fn variant_compiles(
+    nvcc: &nvcc::Compiler,
+    module: &glmc_ir::Module,
+    target: Target,
+    variant: Variant,
+    templates: &[&str],
+) -> usize {
+    let mut l = lower_module_with(module, target, LIMITS, variant).unwrap();
+    l.kernels
+        .retain(|k| templates.contains(&k.template.as_str()));
+    let source = render::render(&l.kernels).unwrap();
+    let compiled = nvcc::compile(nvcc, &source, target, nvcc::default_cache_dir().as_deref())
+        .unwrap_or_else(|e| panic!("{variant:?} for {target}: {e}"));
+    let usage = parse_ptxas(&compiled.ptxas);
+    for k in &l.kernels {
+        let u = usage.iter().find(|u| u.name == k.name).unwrap();
+        println!("{variant:?} {target}: {u}");
+        assert_eq!(
+            (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
+            (0, 0, 0),
+            "{variant:?} {target}: {u}"
+        );
+        assert!(
+            k.shared_bytes <= target.tile_shared_memory_limit(),
+            "{variant:?}: {u}"
+        );
+    }
+    l.kernels.len()
+}
+
 #[test]
 fn every_generated_kernel_compiles_without_local_memory() {
     let nvcc = compiler();
@@ -83,27 +116,7 @@ fn every_tiled_gemm_variant_compiles_without_local_memory() {
         .chain(DECODE_GEMM_VARIANTS.map(Variant::DecodeGemm));
     for target in [Target::Sm120a, Target::Sm90a] {
         for v in variants.clone() {
-            let mut l = lower_module_with(&glm5, target, LIMITS, v).unwrap();
-            l.kernels
-                .retain(|k| k.template == "gemm_mma" || k.template == "gemm_skinny");
-            let source = render::render(&l.kernels).unwrap();
-            let compiled =
-                nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
-                    .unwrap_or_else(|e| panic!("{v:?} for {target}: {e}"));
-            let usage = parse_ptxas(&compiled.ptxas);
-            for k in &l.kernels {
-                let u = usage.iter().find(|u| u.name == k.name).unwrap();
-                println!("{v:?} {target}: {u}");
-                assert_eq!(
-                    (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
-                    (0, 0, 0),
-                    "{v:?} {target}: {u}"
-                );
-                assert!(
-                    k.shared_bytes <= target.tile_shared_memory_limit(),
-                    "{v:?}: {u}"
-                );
-            }
+            assert!(variant_compiles(&nvcc, &glm5, target, v, &["gemm_mma", "gemm_skinny"]) > 0);
         }
     }
 }
@@ -117,23 +130,9 @@ fn every_moe_down_form_compiles_without_local_memory() {
     let (_, glm5) = module("glm5.ron");
     for target in [Target::Sm120a, Target::Sm90a] {
         for form in std::iter::once(MoeDown::Stream(MOE_DOWN)).chain(MOE_DOWN_VARIANTS) {
-            let mut l = lower_module_with(&glm5, target, LIMITS, Variant::MoeDown(form)).unwrap();
-            l.kernels
-                .retain(|k| k.template == "moe_down_stream" || k.template == "moe_gemm_skinny");
-            let source = render::render(&l.kernels).unwrap();
-            let compiled =
-                nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
-                    .unwrap_or_else(|e| panic!("{form} for {target}: {e}"));
-            let usage = parse_ptxas(&compiled.ptxas);
-            for k in &l.kernels {
-                let u = usage.iter().find(|u| u.name == k.name).unwrap();
-                println!("{form} {target}: {u}");
-                assert_eq!(
-                    (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
-                    (0, 0, 0),
-                    "{form} {target}: {u}"
-                );
-            }
+            let v = Variant::MoeDown(form);
+            let templates = ["moe_down_stream", "moe_gemm_skinny"];
+            assert!(variant_compiles(&nvcc, &glm5, target, v, &templates) > 0);
         }
     }
 }
@@ -148,21 +147,11 @@ fn every_score_ring_compiles_without_local_memory() {
     let (_, glm5) = module("glm5.ron");
     for target in [Target::Sm120a, Target::Sm90a] {
         for ring in std::iter::once(SCORE_DECODE_RING).chain(SCORE_RING_VARIANTS) {
-            let mut l = lower_module_with(&glm5, target, LIMITS, Variant::ScoreRing(ring)).unwrap();
-            l.kernels.retain(|k| k.template == "dsa_score_decode");
-            assert_eq!(l.kernels.len(), 1, "{ring:?}");
-            let source = render::render(&l.kernels).unwrap();
-            let compiled =
-                nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
-                    .unwrap_or_else(|e| panic!("{ring:?} for {target}: {e}"));
-            let u = &parse_ptxas(&compiled.ptxas)[0];
-            println!("{ring:?} {target}: {u}");
+            let v = Variant::ScoreRing(ring);
             assert_eq!(
-                (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
-                (0, 0, 0),
-                "{ring:?} {target}: {u}"
+                variant_compiles(&nvcc, &glm5, target, v, &["dsa_score_decode"]),
+                1
             );
-            assert!(l.kernels[0].shared_bytes <= target.tile_shared_memory_limit());
         }
     }
 }
