@@ -2,7 +2,7 @@
 """Where a kernel's warps wait, from Nsight Compute's source page.
 
     ncu -i REPORT.ncu-rep --page source --csv --print-source sass > SASS.csv
-    python3 scripts/ncu_stalls.py SASS.csv [TOP]
+    python3 scripts/ncu_stalls.py SASS.csv [TOP]      # or SASS.csv.gz, as tests/gpu/results keeps them
 
 Prints the warp-state samples of the whole kernel by stall reason, then the TOP (default 25)
 instructions with the most samples, each with its two largest reasons, then the instructions that
@@ -10,11 +10,13 @@ read or write more L2 sectors than their accesses need (ncu's "excessive" sector
 """
 import collections
 import csv
+import gzip
 import sys
 
 
 def main(path, top=25):
-    rows = list(csv.reader(open(path)))
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        rows = list(csv.reader(f))
     # Row 0 names the kernel; row 1 is the header.
     header, data = rows[1], rows[2:]
     col = {h: i for i, h in enumerate(header)}

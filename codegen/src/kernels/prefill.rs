@@ -305,21 +305,17 @@ mod tests {
 
     #[test]
     fn the_persistent_indexer_grid_is_what_each_target_holds_at_once() {
-        let shared = SCORE_DECODE_RING.shared_bytes(128);
-        assert_eq!(
-            shared,
-            SCORE_DECODE_RING.stages * tile_bytes(SCORE_DECODE_RING.keys, 128)
-        );
-        assert_eq!(score_decode_blocks(Target::Sm90a, shared), 264);
-        assert_eq!(score_decode_blocks(Target::Sm120a, shared), 188);
-        let bulk = SCORE_RING_VARIANTS[1];
-        assert!(bulk.bulk);
-        assert_eq!(bulk.shared_bytes(128), 5 * (64 * 17 * 16 + 8));
-        assert!(bulk.shared_bytes(128) <= shared_limit());
-        assert_eq!(
-            score_decode_blocks(Target::Sm90a, bulk.shared_bytes(128)),
-            264
-        );
+        // GLM-5's 128 dims: 96 KiB of swizzled tiles; the bulk ring's five padded 64-key tiles
+        // (64 × 17 chunks of 16 bytes) and their mbarriers, 85 KiB.
+        assert_eq!(SCORE_DECODE_RING.shared_bytes(128), 96 * 1024);
+        let bulk = SCORE_RING_VARIANTS.iter().find(|r| r.bulk).unwrap();
+        assert_eq!(bulk.shared_bytes(128), 87_080);
+        for ring in std::iter::once(&SCORE_DECODE_RING).chain(&SCORE_RING_VARIANTS) {
+            let shared = ring.shared_bytes(128);
+            assert!(shared <= shared_limit(), "{ring:?}");
+            assert_eq!(score_decode_blocks(Target::Sm90a, shared), 264, "{ring:?}");
+            assert_eq!(score_decode_blocks(Target::Sm120a, shared), 188, "{ring:?}");
+        }
     }
 
     #[test]
