@@ -3643,8 +3643,7 @@ fn glm5_indexer_matches_and_is_timed() {
                     lower_module_with(m, t, l, Variant::ScoreRing(ring)).unwrap()
                 };
                 let run = run_on_gpu_with(&dev, &score_module, limits, &ins, &b, true, &lower);
-                let copies = if ring.bulk { ", bulk copies" } else { "" };
-                let what = format!("dsa.score, {} × {} keys{copies}", ring.stages, ring.keys);
+                let what = format!("dsa.score, {ring}");
                 let check = check_scores(&scores_of(&run), &what, &mut failures);
                 record(&run, &what, &check, &mut report);
             }
