@@ -99,6 +99,12 @@ __device__ __forceinline__ void cp_async16_l2(void* smem, const void* global, bo
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global),
                  "r"(valid ? 16 : 0));
 }
+{%- if l2_ahead is defined %}
+// Asks L2 for `bytes` (a multiple of 16, 16-byte aligned) of global memory, without waiting.
+__device__ __forceinline__ void prefetch_l2(const void* global, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
+}
+{%- endif %}
 
 __device__ __forceinline__ unsigned ld_pair(const bf16* p) { return *reinterpret_cast<const unsigned*>(p); }
 }  // namespace {{ name }}_
@@ -175,14 +181,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
 {%- endif %}
 {%- if l2_ahead is defined %}
         {
-            // The keys {{ l2_ahead }} tiles later in this row, a thread's key each, asked of L2
-            // (none where that tile is past the position or in the next row: a few tiles a
-            // block go without).
+            // The keys {{ l2_ahead }} tiles later in this row, a thread's key each (none where that
+            // tile is past the position or in the next row: a few tiles a block go without).
             const int j = l_j0 + {{ l2_ahead }} * BN + tid;
-            if (tid < BN && j <= l_last)
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(k + l_row * k_seq + (i64)j * k_key),
-                             "r"(D * 2)
-                             : "memory");
+            if (tid < BN && j <= l_last) prefetch_l2(k + l_row * k_seq + (i64)j * k_key, D * 2);
         }
 {%- endif %}
         l_j0 += BN;

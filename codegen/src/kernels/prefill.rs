@@ -259,9 +259,7 @@ pub const SCORE_DECODE_RING: ScoreRing = ScoreRing {
 /// The other rings the indexer test times: six tiles of 64 keys; five of 64 by bulk copies (85
 /// KiB with their padding: three of 128 would pass SM120's 99 KiB), written in the fourteenth
 /// session without a GPU to run them on; the shipped ring with L2 asked for two tiles past it,
-/// written in the fifteenth (tests/gpu/README.md). On an H100 the shipped ring reaches 83% of
-/// the roofline at batch 8 × 32768, on an H200 65%: the same bytes in flight an SM fall short of
-/// a bandwidth 40% higher.
+/// written in the fifteenth (why: dsa_score_decode.cu; tests/gpu/README.md).
 pub const SCORE_RING_VARIANTS: [ScoreRing; 3] = [
     ScoreRing {
         keys: 64,
