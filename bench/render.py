@@ -10,8 +10,9 @@ Each JSON is one of (bench/README.md documents the fields):
   glmc-bench-gemv/1    scripts/torch_gemm.py on a GPU GEMM sweep: glmc and torch.matmul on
                        the decode GEMMs (the skinny sweep) or the prefill GEMMs (the tiled
                        sweep) under issue 14's protocol
-  glmc-bench-attention/1  scripts/attention_result.py on the absorbed-attention GPU test's
+  glmc-bench-attention/1  scripts/gpu_test_result.py on the absorbed-attention GPU test's
                        timings (each case checked against the interpreter first)
+  glmc-bench-indexer/1 the same on the indexer's GPU test (dsa.score and dsa.topk)
 
 Nothing is computed here that the files do not hold, except ratios of their numbers. A file
 marked "fixture" (the unit tests' invented sample) makes the page say so at the top, so a page
@@ -24,7 +25,7 @@ import re
 import sys
 
 GLMC, PEER, MATMUL, GEMV = "glmc-bench/1", "glmc-bench-peer/1", "glmc-bench-matmul/1", "glmc-bench-gemv/1"
-ATTENTION = "glmc-bench-attention/1"
+ATTENTION, INDEXER = "glmc-bench-attention/1", "glmc-bench-indexer/1"
 DASH = "—"
 # Issue 14's decode GEMM target: 1–8 rows; weights of 64 MB or more must reach 85% of the copy
 # bandwidth, smaller ones 75%.
@@ -33,7 +34,7 @@ GEMV_ROWS, GEMV_LARGE_BYTES = 8, 64 << 20
 
 def load(paths):
     """The documents of `paths`, grouped by schema; an unknown schema is an error."""
-    docs = {GLMC: [], PEER: [], MATMUL: [], GEMV: [], ATTENTION: []}
+    docs = {GLMC: [], PEER: [], MATMUL: [], GEMV: [], ATTENTION: [], INDEXER: []}
     for p in paths:
         with open(p) as f:
             doc = json.load(f)
@@ -148,6 +149,7 @@ def render(docs):
     lines += gemv_section(docs)
     lines += prefill_sweep_section(docs)
     lines += attention_section(docs)
+    lines += indexer_section(docs)
     lines += matmul_section(docs)
     return "\n".join(lines) + "\n"
 
@@ -213,11 +215,13 @@ def targets_section(docs):
             ]
         )
     sparse, dense = glmc_point(docs, "sparse", "decode", 8, 32768), glmc_point(docs, "dense", "decode", 8, 32768)
+    per_launch = None
     if sparse is not None:
         scores = [k for k in sparse["kernels"] if k["op"] == "dsa.score" and k.get("roofline_s") is not None]
         if scores:
-            frac = sum(k["roofline_s"] for k in scores) / sum(k["time_s"] for k in scores)
-            rows.append(["decode, batch 8, context 32768: indexer scoring ≥ 70% of its roofline", pct(frac), yes_no(frac >= 0.7)])
+            per_launch = sum(k["roofline_s"] for k in scores) / sum(k["time_s"] for k in scores)
+    rows += indexer_targets(docs, per_launch)
+    if sparse is not None:
         dense_attention = op_time(dense, "mla.attend.absorbed") if dense is not None else 0.0
         if dense_attention > 0:
             picked = sum(op_time(sparse, op) for op in ("dsa.score", "dsa.topk", "mla.attend.absorbed"))
@@ -242,7 +246,9 @@ def targets_section(docs):
         "(each shape alone, weights from DRAM, back to back in a CUDA graph: the GPU skinny sweep and",
         "torch.matmul timed the same way, `scripts/bench-gpu.sh run gemv`), and so are the prefill",
         "GEMMs where the tiled sweep ran (`scripts/bench-gpu.sh run gemm`); the absorbed-attention",
-        "targets by the GPU test that checks its kernels (`scripts/bench-gpu.sh run attention`). The table of torch.matmul on",
+        "targets and the indexer's scoring where they ran by the GPU tests that check their kernels",
+        "the same way (`scripts/bench-gpu.sh run attention`, `run indexer`), else from the bench's",
+        "kernels, each between CUDA events of its own. The table of torch.matmul on",
         "glmc's GEMM shapes at the end times glmc's GEMMs inside the model instead, launch by launch,",
         "so a short kernel's launch latency counts there.",
         "",
@@ -372,28 +378,83 @@ def attention_targets(docs):
     return rows
 
 
+INDEXER_ROWS, INDEXER_CONTEXT = 8, 32768
+
+
+def indexer_targets(docs, per_launch):
+    """The indexer-scoring target: from each indexer test run (the shipped ring's case), with the
+    bench's per-launch fraction beside it; from the bench alone where no test ran."""
+    goal = 0.7
+    what = f"decode, batch {INDEXER_ROWS}, context {INDEXER_CONTEXT}: indexer scoring ≥ {goal * 100:.0f}% of its roofline"
+    bench = f"the bench's kernels, each between events of its own: {pct(per_launch)}" if per_launch is not None else None
+    rows = []
+    for d in docs[INDEXER]:
+        c = indexer_case(d)
+        if c is None:
+            continue
+        frac = roofline_fraction(d, c)
+        how = f"{num(c['time_us'])} us on {d['device']['name']}, the GPU test" + (f"; {bench}" if bench else "")
+        rows.append([what, f"{pct(frac)} ({how})", yes_no(frac >= goal)])
+    if not rows and per_launch is not None:
+        rows.append([what, pct(per_launch), yes_no(per_launch >= goal)])
+    return rows
+
+
+def indexer_case(d):
+    """The shipped kernel's dsa.score at the target's shape in an indexer run, if it ran."""
+    for c in d["cases"]:
+        if (c["case"], c["op"], c["variant"], c["rows"], c["context"]) == ("decode", "dsa.score", None, INDEXER_ROWS, INDEXER_CONTEXT):
+            return c
+    return None
+
+
+def gpu_test_section(docs, schema, heading, intro, header, row, keep):
+    """One table per GPU test run of `schema`: `row(d, c)` of each case `keep(c)` holds, under
+    `heading` and `intro(d)`."""
+    lines = []
+    for d in docs[schema]:
+        rows = [row(d, c) for c in d["cases"] if keep(c)]
+        if rows:
+            lines += ["", heading, "", intro(d), ""] + table(header, rows)
+    return lines
+
+
+def rates(d, c):
+    """A timed case's time, GB/s and fraction of its roofline, as the tables print them."""
+    return [num(c["time_us"]), num(c["bytes"] / c["time_us"] / 1e3, 0), pct(roofline_fraction(d, c))]
+
+
+def indexer_section(docs):
+    """Every decode scoring case of the indexer runs past one row: the shipped ring and the
+    variants timed beside it."""
+    return gpu_test_section(
+        docs,
+        INDEXER,
+        "## Indexer scoring at decode",
+        lambda d: f"The indexer GPU test's decode `dsa.score` cases on {d['device']['name']} ({d.get('date', '?')}; "
+        f"`scripts/bench-gpu.sh run indexer`; copy {d['copy_gbs']:.0f} GB/s): each kernel alone, its keys rotated "
+        "through copies spanning twice the L2, back to back in a CUDA graph, each case checked against the "
+        "interpreter before it was timed.",
+        ["case", "ring", "kernels", "us", "GB/s", "of roofline"],
+        lambda d, c: [f"{c['case']} {c['rows']} × {c['context']}", c["variant"] or "shipped", c["kernels"]] + rates(d, c),
+        lambda c: c["op"] == "dsa.score" and c["case"].startswith("decode") and c["rows"] > 1,
+    )
+
+
 def attention_section(docs):
     """Every decode case of the absorbed-attention runs at batch 64: the shipped kernel and the
     variants timed beside it."""
-    lines = []
-    for d in docs[ATTENTION]:
-        rows = [
-            [c["case"], c["heads"], c["context"], c["kernels"], num(c["time_us"]), num(c["bytes"] / c["time_us"] / 1e3, 0), pct(roofline_fraction(d, c))]
-            for c in d["cases"]
-            if c["phase"] == "decode" and c["rows"] == ATTENTION_ROWS
-        ]
-        if not rows:
-            continue
-        lines += [
-            "",
-            "## Absorbed attention at batch 64",
-            "",
-            f"The GPU test's decode cases at batch {ATTENTION_ROWS} on {d['device']['name']} ({d.get('date', '?')}; "
-            f"`scripts/bench-gpu.sh run attention`; copy {d['copy_gbs']:.0f} GB/s, mma.sync {d['mma_tflops']:.0f} TFLOP/s): "
-            "each row's 2048 top-k keys past 2048 tokens, each case checked against the interpreter before it was timed.",
-            "",
-        ] + table(["case", "heads", "context", "kernels", "us", "GB/s", "of roofline"], rows)
-    return lines
+    return gpu_test_section(
+        docs,
+        ATTENTION,
+        "## Absorbed attention at batch 64",
+        lambda d: f"The GPU test's decode cases at batch {ATTENTION_ROWS} on {d['device']['name']} ({d.get('date', '?')}; "
+        f"`scripts/bench-gpu.sh run attention`; copy {d['copy_gbs']:.0f} GB/s, mma.sync {d['mma_tflops']:.0f} TFLOP/s): "
+        "each row's 2048 top-k keys past 2048 tokens, each case checked against the interpreter before it was timed.",
+        ["case", "heads", "context", "kernels", "us", "GB/s", "of roofline"],
+        lambda d, c: [c["case"], c["heads"], c["context"], c["kernels"]] + rates(d, c),
+        lambda c: c["phase"] == "decode" and c["rows"] == ATTENTION_ROWS,
+    )
 
 
 def gemv_targets(docs):

@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import render  # noqa: E402
 
-FIXTURES = [os.path.join(HERE, "fixtures", f"schema-fixture-{n}.json") for n in ("glmc", "peer", "matmul", "gemv", "attention", "gemm")]
+FIXTURES = [os.path.join(HERE, "fixtures", f"schema-fixture-{n}.json") for n in ("glmc", "peer", "matmul", "gemv", "attention", "gemm", "indexer")]
 
 
 class RenderTest(unittest.TestCase):
@@ -34,7 +34,7 @@ class RenderTest(unittest.TestCase):
         for heading in ["## Runs", "## Decode", "## Prefill", "## Launch overhead", "## Per kernel",
                         "## transformers (GlmMoeDsaForCausalLM)", "## torch.matmul on glmc's GEMM shapes",
                         "## Decode GEMMs under issue 14's protocol", "## Prefill GEMMs under issue 14's protocol",
-                        "## Absorbed attention at batch 64"]:
+                        "## Absorbed attention at batch 64", "## Indexer scoring at decode"]:
             self.assertIn(heading, self.text)
 
     def test_decode_rows_put_glmc_both_paths_and_the_peers_side_by_side(self):
@@ -95,7 +95,7 @@ class RenderTest(unittest.TestCase):
         self.assertNotIn("| prefill", self.text.split("## Decode GEMMs under issue 14's protocol")[1].split("\n## ")[0])
 
     def test_without_the_sweep_the_prefill_gemm_target_takes_the_in_model_times(self):
-        docs = render.load(FIXTURES[:-1])
+        docs = render.load([f for f in FIXTURES if not f.endswith("gemm.json")])
         self.assertEqual(
             self.prefill_target(render.render(docs)),
             "| prefill bf16 GEMMs ≥ 50% of torch.matmul's rate | 40.0% at the worst, "
@@ -118,6 +118,26 @@ class RenderTest(unittest.TestCase):
         self.assertIn("| decode (16 heads a block) | 64 | 32768 | glmc_mla_absorbed_2,glmc_mla_merge_1 | 200.0 | 800 | 20.0% |", table)
         self.assertNotIn("prefill", table)
         self.assertNotIn("| decode | 64 | 32768 | glmc_mla_absorbed_wide_1,glmc_mla_merge_1 | 10.0 |", table)
+
+    def test_the_indexer_target_is_judged_from_the_gpu_test(self):
+        section = self.text.split("## Targets (issue 14)")[1].split("\n## ")[0]
+        rows = [r for r in section.splitlines() if "indexer scoring" in r]
+        # A 15 µs roofline in the shipped ring's 20 µs; the 6 × 64 ring's 30 µs is not judged.
+        self.assertEqual(
+            rows,
+            ["| decode, batch 8, context 32768: indexer scoring ≥ 70% of its roofline | 75.0% (20.0 us on Fixture GPU, the GPU test) | met |"],
+        )
+        table = self.text.split("## Indexer scoring at decode")[1].split("\n## ")[0]
+        self.assertIn("| decode 8 × 32768 | 6 × 64 keys | glmc_dsa_score_decode_2 | 30.0 | 2,000 | 50.0% |", table)
+        for absent in ("dsa_topk", "prefill", "decode 1 × 32768"):
+            self.assertNotIn(absent, table)
+
+    def test_the_bench_judges_the_indexer_where_its_test_did_not_run_and_is_shown_beside_it(self):
+        what = "decode, batch 8, context 32768: indexer scoring ≥ 70% of its roofline"
+        self.assertEqual(render.indexer_targets({render.INDEXER: []}, 0.631), [[what, "63.1%", "missed"]])
+        self.assertEqual(render.indexer_targets({render.INDEXER: []}, None), [])
+        [row] = render.indexer_targets(self.docs, 0.631)
+        self.assertEqual(row[1], "75.0% (20.0 us on Fixture GPU, the GPU test; the bench's kernels, each between events of its own: 63.1%)")
 
     def test_the_gaps_put_the_op_most_over_its_roofline_first(self):
         section = self.text.split("### Where batch 1 loses its time")[1].split("\n## ")[0]
@@ -167,7 +187,7 @@ class RenderTest(unittest.TestCase):
             self.assertEqual(
                 [s["tool"] for s in doc["sources"]],
                 ["glmc", "transformers", "torch.matmul", "glmc GPU sweep, torch.matmul", "glmc GPU sweep, torch.matmul",
-                 "glmc GPU test (absorbed attention)"],
+                 "glmc GPU test (absorbed attention)", "glmc GPU test (indexer)"],
             )
 
     def test_an_unknown_schema_is_refused(self):

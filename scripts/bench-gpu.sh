@@ -14,6 +14,8 @@
 #   scripts/bench-gpu.sh run attention         # there: issue 14's absorbed-attention targets: the
 #                                              # GPU test that checks and times the kernels (needs
 #                                              # .gpu/gpu_kernels too) into attention.json (~2 min)
+#   scripts/bench-gpu.sh run indexer           # there: issue 14's indexer-scoring target the same
+#                                              # way, from the indexer's GPU test (~20 s)
 #   scripts/bench-gpu.sh run peers MODES [S]   # there: transformers in MODES (comma-separated:
 #                                              # eager, max-autotune-no-cudagraphs, reduce-overhead),
 #                                              # each under S seconds (default 240), then plots
@@ -21,7 +23,7 @@
 #
 # Each `run` writes into $OUT/bench.tgz (the device call's output folder): glmc.json / glmc.txt /
 # matmul.json, gemv.json / gemv.md or gemm.json / gemm.md and the sweep's tables, attention.json
-# and the test's attention.md, or hf-<modes>.json and one log per mode; RESULTS.md and the PNG plots are made from those plus every JSON of $BENCH_RESULTS
+# or indexer.json and the test's tables, or hf-<modes>.json and one log per mode; RESULTS.md and the PNG plots are made from those plus every JSON of $BENCH_RESULTS
 # (default bench/results/latest), where the lead puts the files of the earlier calls of the
 # session so that the last call plots them all.
 set -euo pipefail
@@ -54,6 +56,16 @@ run)
                 tee "$out/$3.txt" || status=1
         fi
     }
+    # test_result TEST KIND: the GPU test TEST, which checks and times KIND's kernels, its
+    # tables in test/, its timings as KIND.json.
+    test_result() {
+        mkdir -p "$out/test"
+        GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="$out/test" .gpu/gpu_kernels --ignored \
+            --nocapture --exact "$1" >"$out/$2-test.txt" 2>&1 || status=1
+        if [ -f "$out/test/$2.json" ]; then
+            python3 scripts/gpu_test_result.py "$2" "$out/test/$2.json" "$out/$2.json" || status=1
+        fi
+    }
     case "${2:-}" in
     glmc)
         .gpu/glmc bench "$model" --device cuda --random-weights 1 --batch 1,8,64 \
@@ -66,14 +78,8 @@ run)
         ;;
     gemv) sweep glm5_skinny_gemm_variants_are_timed skinny gemv ;;
     gemm) sweep glm5_tiled_gemm_variants_are_timed tiled gemm ;;
-    attention)
-        mkdir -p "$out/test"
-        GLMC_REPO="$PWD" GLMC_BIN="$PWD/.gpu/glmc" GLMC_GPU_OUT="$out/test" .gpu/gpu_kernels --ignored \
-            --nocapture --exact glm5_absorbed_attention_matches_and_is_timed >"$out/attention-test.txt" 2>&1 || status=1
-        if [ -f "$out/test/attention.json" ]; then
-            python3 scripts/attention_result.py "$out/test/attention.json" "$out/attention.json" || status=1
-        fi
-        ;;
+    attention) test_result glm5_absorbed_attention_matches_and_is_timed attention ;;
+    indexer) test_result glm5_indexer_matches_and_is_timed indexer ;;
     peers)
         modes="${3:?run peers MODES [SECONDS]}"
         python3 bench/peers/hf_glm5.py --model "$model" --modes "$modes" --batch 1,8 \
@@ -81,7 +87,7 @@ run)
             tee "$out/hf-${modes//,/+}.txt" || status=1
         ;;
     *)
-        echo "usage: $0 run glmc | run gemv | run gemm | run attention | run peers MODES [SECONDS]" >&2
+        echo "usage: $0 run glmc | run gemv | run gemm | run attention | run indexer | run peers MODES [SECONDS]" >&2
         exit 2
         ;;
     esac
@@ -98,7 +104,7 @@ render)
     python3 bench/render.py --out bench/RESULTS.md --merged "$dir/merged.json.all" "$dir"/*.json
     ;;
 *)
-    echo "usage: $0 build | run glmc | run gemv | run gemm | run attention | run peers MODES [SECONDS] | render DIR" >&2
+    echo "usage: $0 build | run glmc | run gemv | run gemm | run attention | run indexer | run peers MODES [SECONDS] | render DIR" >&2
     exit 2
     ;;
 esac

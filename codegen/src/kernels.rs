@@ -2132,9 +2132,6 @@ const MLA_SHARED: u32 =
 /// (rows padded by 8), three floats per head and two visibility flags per key.
 const MLA_WIDE_SHARED: u32 =
     (2 * 32 * 584 * 2 + 4 * 32 * 40 * 4 + 32 * 40 * 2 + 3 * 32 * 4 + 2 * 32) as u32;
-/// Blocks a launch aims at: two per SM of an H200 (132 SMs, whose 228 KiB hold two blocks),
-/// which also covers SM120's 188 SMs of one block each.
-const MLA_BLOCKS: u64 = 256;
 /// Most context splits per (row, head group): beyond it the merge reads more than a split
 /// computes at GLM-5's top-k of 2048.
 const MLA_MAX_SPLITS: u64 = 128;
@@ -2179,34 +2176,51 @@ pub struct SplitTier {
 }
 
 /// The context splits of the tensor-core absorbed attention by row count, for `groups` blocks
-/// of heads per row and at most `max_rows` rows: row counts go in ranges (0,1], (1,2], (2,4],
-/// …, each with the fewest splits (a power of two, at most `max_splits`, itself at most
-/// [`MLA_MAX_SPLITS`]) that give its smallest row count [`MLA_BLOCKS`] blocks; the last range,
-/// from where one split is enough, is open. Adjacent ranges with one count merge.
-pub fn mla_split_tiers(groups: u64, max_rows: u64, max_splits: u64) -> Vec<SplitTier> {
-    let max_splits = max_splits.clamp(1, MLA_MAX_SPLITS);
+/// of heads per row and at most `max_rows` rows, on a GPU that holds `resident` of its blocks
+/// at once: each row count takes the most splits (a power of two, at most `max_splits`, itself
+/// at most [`MLA_MAX_SPLITS`]) whose blocks still fit one wave, so s splits take the rows in
+/// (resident / (2s · groups), resident / (s · groups)], and one split every count past one
+/// wave unsplit. A block is latency bound on its tiles, so a second wave of shorter blocks is no
+/// faster than one of longer ones, and splitting adds the merge: GLM-5's 64 heads at batch 64 ×
+/// 32k (128 blocks of 32 heads on an H100's 132 SMs, one block an SM) took 142.9 µs unsplit
+/// against 160.4 in two splits and a merge (tests/gpu/results/2026-12-07c).
+pub fn mla_split_tiers(
+    groups: u64,
+    max_rows: u64,
+    max_splits: u64,
+    resident: u64,
+) -> Vec<SplitTier> {
+    let mut splits = 1 << max_splits.clamp(1, MLA_MAX_SPLITS).ilog2();
     let mut tiers: Vec<SplitTier> = Vec::new();
     let mut above = 0u64;
     loop {
-        let splits = MLA_BLOCKS
-            .div_ceil((above + 1) * groups)
-            .next_power_of_two()
-            .min(max_splits);
-        let at_most = (splits > 1).then_some((2 * above).max(1));
-        match tiers.last_mut() {
-            Some(t) if t.splits == splits => t.at_most = at_most,
-            _ => tiers.push(SplitTier {
+        let at_most = (splits > 1).then(|| resident / (splits * groups));
+        // A split count that fits no row count past the last range's takes none.
+        if at_most.is_none_or(|hi| hi > above) {
+            tiers.push(SplitTier {
                 above: (above > 0).then_some(above),
                 at_most,
                 splits,
-            }),
+            });
+            match at_most {
+                Some(hi) if hi < max_rows => above = hi,
+                _ => break,
+            }
         }
-        match at_most {
-            Some(hi) if hi < max_rows => above = hi,
-            _ => break,
-        }
+        splits /= 2;
     }
     tiers
+}
+
+/// Blocks of the absorbed attention a target holds at once: the wide kernel one an SM (its 194
+/// registers a thread), the other as many as the SM's shared memory holds.
+fn mla_resident_blocks(target: Target, wide: bool) -> u64 {
+    let per_sm = if wide {
+        1
+    } else {
+        target.shared_memory_per_sm() / (MLA_SHARED + 1024)
+    };
+    u64::from(target.sm_count()) * u64::from(per_sm.max(1))
 }
 
 /// Why the tensor-core absorbed attention cannot take this node, if it cannot: it is tiled for
@@ -2303,7 +2317,12 @@ fn mla_absorbed(
         }
         None => MLA_MAX_SPLITS,
     };
-    let tiers = mla_split_tiers(groups, max_rows, max_splits);
+    let tiers = mla_split_tiers(
+        groups,
+        max_rows,
+        max_splits,
+        mla_resident_blocks(cx.target, wide),
+    );
     let part_elements = tiers
         .iter()
         .filter(|t| t.splits > 1)

@@ -21,25 +21,6 @@
 // row's position are not read: a tile wholly past it is −inf, written directly, with no copy and
 // no MMA.
 //
-{%- if bulk %}
-// Bulk copies (this build): a tile's keys come by the copy engine, one `cp.async.bulk` of a
-// key's {{ dim }} dims a key (each warp its WN keys, a key a lane) into rows padded by one chunk (a
-// bulk copy writes its bytes in a row, so they cannot be swizzled), each stage completing on an
-// mbarrier that the tile's byte count is expected on; the others' 16-byte cp.async copies, a
-// thread's share of a tile's thousands, complete by groups. A variant, to measure whether the
-// copy engine keeps more of the stream in flight: Nsight Compute put the cp.async ring's warps
-// at the wait for a tile in 35% of its samples with two tiles a block in flight
-// (tests/gpu/README.md, the fourteenth session).
-//
-{%- endif %}
-{%- if l2_ahead is defined %}
-// L2 ahead (this build): each tile's copy also asks L2 for the keys {{ l2_ahead }} tiles later in
-// the row (`cp.async.bulk.prefetch.L2`, a key a thread), so that more of the stream is on its way
-// from DRAM than the ring's shared memory holds. A variant, to measure whether that is what the
-// H200 lacks: the same ring reaches 83% of the roofline at batch 8 × 32768 on an H100 and 65% on
-// an H200, whose bandwidth is 40% higher at the same SMs.
-//
-{%- endif %}
 // Each warp takes an eighth of a tile's keys, {{ heads }} heads × 8 keys an m16n8k16 MMA, with
 // the same register epilogue and summation order as `dsa_score_mma.cu` (relu, times w, summed
 // over the thread's heads, then over lanes 4, 8 and 16 apart), so the two kernels give the same
@@ -48,8 +29,8 @@ namespace {{ name }}_ {
 constexpr int H = {{ heads }}, D = {{ dim }}, STAGES = {{ stages }};
 constexpr int BN = {{ tile_keys }}, THREADS = 256, WARPS = 8, WN = BN / WARPS, NI = WN / 8;
 constexpr int MI = H / 16, KK = D / 16, C = D / 8;
-// Rows of 8 chunks are swizzled, others (and a bulk copy's) padded by a chunk.
-constexpr bool PADDED = {% if bulk %}true{% else %}C % 8 != 0{% endif %};
+// Rows of 8 chunks are swizzled, others padded by a chunk.
+constexpr bool PADDED = C % 8 != 0;
 constexpr int ROW = (PADDED ? C + 1 : C) * 8, TILE = BN * ROW;
 // A tile's copies: THREADS / C keys a pass, in passes that keep a thread's swizzle (the key's
 // row mod 8) fixed.
@@ -61,36 +42,6 @@ __device__ __forceinline__ int at(int r, int c) {
     if constexpr (!PADDED) return r * ROW + (c ^ (r & 7)) * 8;
     else return r * ROW + c * 8;
 }
-{%- if bulk %}
-static_assert(WN <= 32, "a warp's keys of a tile are a lane each");
-
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-// Arrives on `bar` (its one arrival a phase) expecting `bytes` more of copies on it.
-__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) by the copy engine, completing on
-// `bar`.
-__device__ __forceinline__ void bulk_copy(void* smem, const void* global, unsigned bytes, unsigned long long* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_addr(smem)),
-                 "l"(global), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-}
-{%- endif %}
 
 // cp_async16 that also asks L2 to fetch the whole 256-byte block around the source: a key row
 // of 128 dims is one such block, read whole by its 16 threads.
@@ -99,12 +50,6 @@ __device__ __forceinline__ void cp_async16_l2(void* smem, const void* global, bo
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global),
                  "r"(valid ? 16 : 0));
 }
-{%- if l2_ahead is defined %}
-// Asks L2 for `bytes` (a multiple of 16, 16-byte aligned) of global memory, without waiting.
-__device__ __forceinline__ void prefetch_l2(const void* global, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
-}
-{%- endif %}
 
 __device__ __forceinline__ unsigned ld_pair(const bf16* p) { return *reinterpret_cast<const unsigned*>(p); }
 }  // namespace {{ name }}_
@@ -123,15 +68,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
 {%- endif %}
     using namespace {{ name }}_;
     bf16* const sk = reinterpret_cast<bf16*>(dynamic_smem);
-{%- if bulk %}
-    // A stage's mbarrier, past the ring; tile kt is phase kt / STAGES of stage kt % STAGES's.
-    unsigned long long* const bars = reinterpret_cast<unsigned long long*>(sk + STAGES * TILE);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) mbar_init(bars + s, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-{%- endif %}
     // Tile and key indices fit 32 bits (the lowering checks rows × keys); 64-bit ones would cost
     // the registers that keep the query's fragments from spilling.
     const int per_row = (int)((keys + BN - 1) / BN), nkeys = (int)keys;
@@ -141,33 +77,19 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
     if (n <= 0) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
 
-{%- if not bulk %}
     // Each thread copies 16-byte chunk c0 of keys r0, r0 + KEY_STEP, ... of a tile: its shared
     // and global offsets are fixed, so a tile's copies cost a pointer and a compare each (the
     // general index arithmetic cost about 200 instructions a thread a tile).
     const int c0 = tid % C, r0 = tid / C;
     const int s_off = at(r0, c0);
     const i64 g_off = (i64)r0 * k_key + c0 * 8, g_step = (i64)KEY_STEP * k_key;
-{%- endif %}
     // The next tile to load, walked in (row, key) order: a division once, the row's last visible
     // key read once a row.
     int l_row = t_begin / per_row, l_j0 = t_begin % per_row * BN;
     int l_last = (int)min(positions[l_row], (i64)nkeys - 1);
-    // The next tile's keys up to the row's position (past it zero-filled, or by bulk copies left
-    // as the stage was: those keys' scores are −inf whatever they hold), nothing for a tile wholly
-    // past it. Every thread takes the same branch: the cursor is the block's.
+    // The next tile's keys up to the row's position (past it zero-filled), nothing for a tile
+    // wholly past it. Every thread takes the same branch: the cursor is the block's.
     auto load_next = [&](int stage) {
-{%- if bulk %}
-        // Every use of a stage arrives once (thread 0), with no bytes for a tile wholly past the
-        // position; a copy may land before that arrival (the mbarrier's byte count may go below
-        // zero, and its phase waits for the arrival). Each warp copies its own WN keys: a bulk
-        // copy takes uniform operands, so a warp issues its lanes' copies one after another.
-        const int nk = l_j0 <= l_last ? min(l_last - l_j0 + 1, BN) : 0;
-        if (tid == 0) mbar_expect(bars + stage, (unsigned)(nk * D * 2));
-        const int r = warp * WN + lane;
-        if (lane < WN && r < nk)
-            bulk_copy(sk + stage * TILE + r * ROW, k + l_row * k_seq + (i64)(l_j0 + r) * k_key, D * 2, bars + stage);
-{%- else %}
         if (l_j0 <= l_last) {
             const bf16* const src = k + l_row * k_seq + (i64)l_j0 * k_key + g_off;
             bf16* const dst = sk + stage * TILE + s_off;
@@ -178,15 +100,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
                 cp_async16_l2(dst + u * S_STEP, ok ? src + u * g_step : k, ok);
             }
         }
-{%- endif %}
-{%- if l2_ahead is defined %}
-        {
-            // The keys {{ l2_ahead }} tiles later in this row, a thread's key each (none where that
-            // tile is past the position or in the next row: a few tiles a block go without).
-            const int j = l_j0 + {{ l2_ahead }} * BN + tid;
-            if (tid < BN && j <= l_last) prefetch_l2(k + l_row * k_seq + (i64)j * k_key, D * 2);
-        }
-{%- endif %}
         l_j0 += BN;
         if (l_j0 >= nkeys) {
             l_j0 = 0;
@@ -259,11 +172,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) {{ name }}(
                 last = (int)min(positions[++row], (i64)nkeys - 1);
             }
         }
-{%- if bulk %}
-        mbar_wait(bars + kt % STAGES, (unsigned)(kt / STAGES) & 1);
-{%- else %}
         cp_async_wait<STAGES - 2>();
-{%- endif %}
         // Tile kt has landed for every thread, and every warp is done with tile kt - 1 (at the
         // first, with the query's copy), whose stage the next copy overwrites.
         __syncthreads();

@@ -490,29 +490,19 @@ fn glm5_decode_gemms_split_k_where_their_tiles_are_few() {
 /// (two blocks of 32 heads a row): per range of row counts one split count, the split ranges
 /// followed by the merge, every launch guarded by the rows, the grid by the rows alone; the
 /// partial results in one scratch buffer of the largest split range, live at the node's step
-/// alone. Its top-k of 2048 keys (64 tiles) caps the splits at 32 of two tiles each, so one to
-/// four rows take 64 to 256 blocks.
+/// alone. Its top-k of 2048 keys (64 tiles) caps the splits at 32 of two tiles each; otherwise
+/// a row count takes the most splits whose blocks fit one wave of SM120's 188 SMs (one wide
+/// block each), and one split past 47 rows.
 #[test]
 fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
     use glmc_codegen::expr::Bindings;
-    use glmc_codegen::kernels::mla_split_tiers;
     let limits = glmc_codegen::Limits {
         max_prefill_tokens: 4096,
         max_batch: 64,
         max_context: 4096,
     };
     let l = lower_module(&module("glm5.ron").1, Target::Sm120, limits).unwrap();
-    assert_eq!(
-        mla_split_tiers(4, 64, 128)
-            .iter()
-            .map(|t| t.splits)
-            .collect::<Vec<_>>(),
-        [64, 32, 16, 8, 4, 2]
-    );
-    let tiers = mla_split_tiers(4, 64, 32);
-    let splits: Vec<u64> = tiers.iter().map(|t| t.splits).collect();
-    assert_eq!(splits, [32, 16, 8, 4, 2]);
-    assert_eq!(tiers.last().unwrap().at_most, Some(64));
+    let resident = 188;
     for (phase_name, sym, max) in [("decode", "b", 64u64), ("prefill", "s", 4096)] {
         let p = phase(&l, phase_name);
         let node = "model.layers.3.self_attn.mla_attn";
@@ -521,7 +511,7 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
             .filter(|x| x.op == "mla.attend.absorbed" && x.node.starts_with("model.layers.3."))
             .collect();
         assert!(!launches.is_empty(), "{phase_name}: no launch of {node}");
-        for rows in [1u64, 2, 3, 8, 33, 64, max] {
+        for rows in [1u64, 2, 3, 8, 23, 24, 33, 47, 48, 64, max] {
             let b = Bindings::from([(sym.to_string(), rows), ("t".to_string(), 4096)]);
             let runs: Vec<_> = launches
                 .iter()
@@ -541,14 +531,19 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
                 .unwrap();
             let blocks = attend.grid.eval(&b).unwrap();
             assert_eq!(blocks, rows * 2 * split, "{phase_name} rows={rows}");
+            // The most splits that fit one wave: twice as many would not.
+            assert!(
+                split == 32 || 2 * blocks > resident,
+                "{phase_name} rows={rows}: {blocks} blocks"
+            );
             if split == 1 {
                 assert_eq!(runs.len(), 1, "{phase_name} rows={rows}: {names:?}");
-                assert!(rows > 64);
+                assert!(rows > 47);
             } else {
                 assert_eq!(runs.len(), 2, "{phase_name} rows={rows}: {names:?}");
                 assert!(runs[1].kernel.starts_with("glmc_mla_merge_"));
                 assert!(
-                    blocks >= 256 || split == 32,
+                    blocks <= resident,
                     "{phase_name} rows={rows}: {blocks} blocks"
                 );
                 let part = |x: &glmc_codegen::schedule::Launch| {
@@ -562,10 +557,10 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
                 };
                 assert_eq!(part(attend), part(runs[1]), "one scratch for both kernels");
                 assert_eq!(part(attend).buf, Buf::Arena);
-                // The largest split range: up to 64 rows × 4 splits (or 32 × 8) × 64 heads × 513.
+                // The largest split range: up to 47 rows × 2 splits × 64 heads × 513.
                 assert_eq!(
                     part(attend).shape[0].as_const(),
-                    Some(256 * 64 * 513),
+                    Some(94 * 64 * 513),
                     "{phase_name}"
                 );
             }
@@ -676,38 +671,48 @@ fn the_absorbed_attention_takes_32_heads_a_block_unless_asked_for_16() {
     }
 }
 
-/// The split ranges: batch 1 fills the GPU from one row, 8 heads (one group) split more, and
-/// limits below a range drop it.
+/// The split ranges: each split count takes the row counts whose blocks fit one wave of the
+/// resident blocks (264: 8 heads, one group, two blocks an SM of an H200), the ranges tile the
+/// row counts, one split takes every count past one wave, and limits below a range drop it.
 #[test]
 fn absorbed_attention_split_ranges() {
     use glmc_codegen::kernels::{mla_split_tiers, SplitTier};
-    let t = mla_split_tiers(1, 1 << 20, 128);
+    let t = mla_split_tiers(1, 1 << 20, 128, 264);
+    let ranges: Vec<_> = t.iter().map(|t| (t.above, t.at_most, t.splits)).collect();
     assert_eq!(
-        t.first(),
-        Some(&SplitTier {
-            above: None,
-            at_most: Some(4),
-            splits: 128
-        })
+        ranges,
+        [
+            (None, Some(2), 128),
+            (Some(2), Some(4), 64),
+            (Some(4), Some(8), 32),
+            (Some(8), Some(16), 16),
+            (Some(16), Some(33), 8),
+            (Some(33), Some(66), 4),
+            (Some(66), Some(132), 2),
+            (Some(132), None, 1),
+        ]
     );
-    assert_eq!(
-        t.last(),
-        Some(&SplitTier {
-            above: Some(256),
-            at_most: None,
-            splits: 1
-        })
-    );
-    // Every range gives at least 256 blocks, and ranges tile the row counts.
     for w in t.windows(2) {
         assert_eq!(w[0].at_most, w[1].above);
     }
     for tier in &t[..t.len() - 1] {
-        assert!(tier.above.unwrap_or(0) + 1 >= 1);
-        assert!((tier.above.unwrap_or(0) + 1) * tier.splits >= 256 || tier.splits == 128);
+        let hi = tier.at_most.unwrap();
+        assert!(
+            hi * tier.splits <= 264 && (hi + 1) * tier.splits > 264,
+            "{tier:?}"
+        );
     }
+    // GLM-5's 64 heads on the wide kernel (two groups, one block an SM of 132): batch 64 is
+    // one wave unsplit.
+    let wide = mla_split_tiers(2, 64, 32, 132);
     assert_eq!(
-        mla_split_tiers(4, 1, 128),
+        wide.iter().map(|t| t.splits).collect::<Vec<_>>(),
+        [32, 16, 8, 4, 2, 1]
+    );
+    assert_eq!(wide.last().unwrap().above, Some(33));
+    // A split count no row count fits (132 / (128 · 4) = 0) is skipped.
+    assert_eq!(
+        mla_split_tiers(4, 1, 128, 264),
         [SplitTier {
             above: None,
             at_most: Some(1),

@@ -24,7 +24,7 @@ use glmc_codegen::artifact::{self, WeightEntry};
 use glmc_codegen::expr::{Bindings, GridDim, Guard};
 use glmc_codegen::kernels::{
     narrow_weight_columns, persistent_blocks, shipped_moe_down, shipped_tiled_gemm, DecodeGemm,
-    MoeDown, TiledGemm, DECODE_GEMM, DECODE_GEMM_VARIANTS, MOE_DOWN, MOE_DOWN_VARIANTS,
+    MoeDown, ScoreRing, TiledGemm, DECODE_GEMM, DECODE_GEMM_VARIANTS, MOE_DOWN, MOE_DOWN_VARIANTS,
     SCORE_RING_VARIANTS, TILED_GEMM, TILED_GEMM_VARIANTS,
 };
 use glmc_codegen::layout::{Buf, TensorRef};
@@ -1494,6 +1494,16 @@ impl Timed {
             100.0 * self.bound / self.secs
         )
     }
+
+    /// The fields bench/render.py reads of a timed case.
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "time_us": self.secs * 1e6,
+            "bytes": self.moved,
+            "flops": self.flops,
+            "roofline_us": self.bound * 1e6,
+        })
+    }
 }
 
 fn timed(run: &Run, f: &Function, b: &Bindings, copy_gbs: f64) -> Timed {
@@ -2925,6 +2935,10 @@ fn sparse_list(rng: &mut Rng, pos: usize, t: usize, holes: bool) -> Vec<i64> {
 /// Fewest key tiles a split of the sparse absorbed attention holds, timed against the shipped
 /// (`glmc_codegen::kernels::MLA_SPARSE_TILES_PER_SPLIT`) at a few rows.
 const MLA_TILES_PER_SPLIT_VARIANTS: [u64; 3] = [1, 4, 8];
+/// The same at batch 64 and 32k context: at least 32 tiles a split (two splits) and 64 (one, no
+/// merge), against the shipped splits (the most that fit one wave: one of 64 heads, four of 8
+/// on an H200; for 64 heads the variants lower to the shipped kernels, a second timing of it).
+const MLA_WAVE_TILES_PER_SPLIT_VARIANTS: [u64; 2] = [32, 64];
 
 /// `mla.attend.absorbed` on the tensor cores at GLM-5's sizes (bf16, 512 + 64 dims, 64 heads
 /// and the 8 of a rank at TP=8, top-k 2048 with dense_until 2048) against the interpreter:
@@ -3130,7 +3144,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 100.0 * bound / secs
             )
         };
-        // The same row for bench/render.py (scripts/attention_result.py adds the header).
+        // The same row for bench/render.py (scripts/gpu_test_result.py adds the header).
         let mut entry = |label: &str, kernels: &str, err: &str, secs: f64| {
             timed.push(serde_json::json!({
                 "case": format!("{}{label}", c.name),
@@ -3193,12 +3207,17 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         }
         // A row sees at most its top-k list, so at a few rows the splits that fill the GPU hold
         // a key tile or two each and the merge reads all of them: other split lengths are timed
-        // against the shipped one, each checked against the interpreter; so is the narrow kernel
-        // (16 heads a block) where the heads take the wide one on many rows.
-        let few_splits = c.sparse && c.rows <= 8 && c.context > c.dense_until as usize && !prefill;
-        let mut variants: Vec<(String, Variant)> = MLA_TILES_PER_SPLIT_VARIANTS
+        // against the shipped one, each checked against the interpreter, and at batch 64 fewer
+        // splits; so is the narrow kernel (16 heads a block) where the heads take the wide one
+        // on many rows.
+        let listed = c.sparse && c.context > c.dense_until as usize && !prefill;
+        let tiles_per_split: &[u64] = match c.rows {
+            ..=8 if listed => &MLA_TILES_PER_SPLIT_VARIANTS,
+            64.. if listed && c.context == 32768 => &MLA_WAVE_TILES_PER_SPLIT_VARIANTS,
+            _ => &[],
+        };
+        let mut variants: Vec<(String, Variant)> = tiles_per_split
             .iter()
-            .filter(|_| few_splits)
             .map(|t| {
                 (
                     format!("≥ {t} tiles a split"),
@@ -3488,6 +3507,30 @@ fn glm5_indexer_matches_and_is_timed() {
          | case | op | kernel | check | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|\n"
     );
     let mut failures = Vec::new();
+    // Every timed case for bench/render.py (scripts/gpu_test_result.py adds the header).
+    let mut cases: Vec<serde_json::Value> = Vec::new();
+    let mut entry = |case: &str,
+                     rows,
+                     context,
+                     op: &str,
+                     variant: Option<String>,
+                     kernels: &str,
+                     check: &str,
+                     t: &Timed| {
+        let mut e = serde_json::json!({
+            "case": case,
+            "rows": rows,
+            "context": context,
+            "op": op,
+            "variant": variant,
+            "kernels": kernels,
+            "check": check,
+        });
+        e.as_object_mut()
+            .unwrap()
+            .extend(t.json().as_object().unwrap().clone());
+        cases.push(e);
+    };
     for (case, phase, rows, context) in [
         ("decode", "decode", 1usize, 1usize),
         ("decode", "decode", 1, 2048),
@@ -3619,22 +3662,36 @@ fn glm5_indexer_matches_and_is_timed() {
         let visible: f64 = positions.iter().map(|p| (p + 1) as f64).sum();
         let moved =
             2.0 * (rows * HEADS * (DIM + 1) + k_rows * DIM) as f64 + 4.0 * (rows * context) as f64;
-        let record = |run: &Run, what: &str, check: &str, report: &mut String| {
+        let mut record = |run: &Run, ring: Option<ScoreRing>, check: &str, report: &mut String| {
             let t = timed_as(
                 run.seconds_per_run.unwrap(),
                 moved,
                 2.0 * (HEADS * DIM) as f64 * visible,
                 copy_gbs,
             );
+            let what = match ring {
+                Some(r) => format!("dsa.score, {r}"),
+                None => "dsa.score".into(),
+            };
+            let kernels = launched(&run.phase, &b).join(",");
             let line = format!(
-                "| {case} {rows} × {context} | {what} | {} | {check} | {} |",
-                launched(&run.phase, &b).join(","),
+                "| {case} {rows} × {context} | {what} | {kernels} | {check} | {} |",
                 t.cells()
             );
             println!("{line}");
             writeln!(report, "{line}").unwrap();
+            entry(
+                case,
+                rows,
+                context,
+                "dsa.score",
+                ring.map(|r| r.to_string()),
+                &kernels,
+                check,
+                &t,
+            );
         };
-        record(&run, "dsa.score", &check, &mut report);
+        record(&run, None, &check, &mut report);
         drop(run);
         // The decode kernel's other key rings, checked and timed like the shipped one.
         if kernel.contains("dsa_score_decode") {
@@ -3643,9 +3700,12 @@ fn glm5_indexer_matches_and_is_timed() {
                     lower_module_with(m, t, l, Variant::ScoreRing(ring)).unwrap()
                 };
                 let run = run_on_gpu_with(&dev, &score_module, limits, &ins, &b, true, &lower);
-                let what = format!("dsa.score, {ring}");
-                let check = check_scores(&scores_of(&run), &what, &mut failures);
-                record(&run, &what, &check, &mut report);
+                let check = check_scores(
+                    &scores_of(&run),
+                    &format!("dsa.score, {ring}"),
+                    &mut failures,
+                );
+                record(&run, Some(ring), &check, &mut report);
             }
         }
 
@@ -3715,9 +3775,19 @@ fn glm5_indexer_matches_and_is_timed() {
         );
         println!("{line}");
         writeln!(report, "{line}").unwrap();
+        entry(
+            case, rows, context, "dsa.topk", None, &kernel, &check, &t_topk,
+        );
     }
     print!("{report}");
     std::fs::write(out_dir().join("indexer.md"), &report).unwrap();
+    let doc =
+        serde_json::json!({"copy_gbs": copy_gbs, "mma_tflops": MMA_SYNC_TFLOPS, "cases": cases});
+    std::fs::write(
+        out_dir().join("indexer.json"),
+        serde_json::to_string_pretty(&doc).unwrap(),
+    )
+    .unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -205,42 +205,26 @@ fn score_decode_blocks(target: Target, shared: u64) -> u64 {
     u64::from(target.sm_count()) * per_sm.max(1)
 }
 /// Its ring of key tiles: `stages` tiles of `keys` keys (a multiple of 8 a warp), copied by each
-/// thread's 16-byte cp.async or (`bulk`) by the copy engine, a `cp.async.bulk` a key into rows
-/// padded by a chunk, each stage completing on an mbarrier; with `l2_ahead` > 0, each tile's
-/// copy also asks L2 for the keys of the tile that many tiles later in the row
-/// (`cp.async.bulk.prefetch.L2`), so that more of the stream is on its way from DRAM than the
-/// ring's shared memory holds.
+/// thread's 16-byte cp.async. Two other ways to keep more of the stream in flight lost to it on
+/// an H100 and an H200 (tests/gpu/README.md, the sixteenth session): five 64-key tiles by bulk
+/// copies completing on mbarriers (21.1 µs against 20.7 at batch 8 × 32768 on the H200), and
+/// each tile's copy asking L2 for the keys two tiles later (25.9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScoreRing {
     pub keys: u64,
     pub stages: u64,
-    pub bulk: bool,
-    pub l2_ahead: u64,
 }
 
-/// As the indexer test names a ring: "3 × 128 keys", then ", bulk copies" and ", L2 2 tiles
-/// ahead" where they apply.
+/// As the indexer test names a ring: "3 × 128 keys".
 impl std::fmt::Display for ScoreRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} × {} keys", self.stages, self.keys)?;
-        if self.bulk {
-            write!(f, ", bulk copies")?;
-        }
-        if self.l2_ahead > 0 {
-            write!(f, ", L2 {} tiles ahead", self.l2_ahead)?;
-        }
-        Ok(())
+        write!(f, "{} × {} keys", self.stages, self.keys)
     }
 }
 
 impl ScoreRing {
-    /// Shared memory of the ring: its tiles, and after a bulk ring's its stages' mbarriers.
     fn shared_bytes(&self, dim: u64) -> u64 {
-        if self.bulk {
-            self.stages * (self.keys * (dim / 8 + 1) * 16 + 8)
-        } else {
-            self.stages * tile_bytes(self.keys, dim)
-        }
+        self.stages * tile_bytes(self.keys, dim)
     }
 }
 /// Three tiles of 128 keys: 96 KiB at GLM-5's 128 dims, two blocks an H200 SM. On an H200
@@ -249,35 +233,17 @@ impl ScoreRing {
 /// copies' offsets fixed a thread and the first query through shared memory, on an H100
 /// (tests/gpu/results/2026-12-06d, call C): six of 64 27.3 µs against 27.0 at batch 8 × 32768,
 /// 55.1 against 52.6 at 64 × 8192, 21.9 against 19.8 ragged, and faster only at short contexts
-/// (4.1 against 4.6 µs at 8 × 2048).
+/// (4.1 against 4.6 µs at 8 × 2048); on an H200 (2026-12-07b, call B) 21.0 against 20.7, 42.6
+/// against 40.2 and 18.5 against 17.0.
 pub const SCORE_DECODE_RING: ScoreRing = ScoreRing {
     keys: 128,
     stages: 3,
-    bulk: false,
-    l2_ahead: 0,
 };
-/// The other rings the indexer test times: six tiles of 64 keys; five of 64 by bulk copies (85
-/// KiB with their padding: three of 128 would pass SM120's 99 KiB), written in the fourteenth
-/// session without a GPU to run them on; the shipped ring with L2 asked for two tiles past it,
-/// written in the fifteenth (why: dsa_score_decode.cu; tests/gpu/README.md).
-pub const SCORE_RING_VARIANTS: [ScoreRing; 3] = [
-    ScoreRing {
-        keys: 64,
-        stages: 6,
-        bulk: false,
-        l2_ahead: 0,
-    },
-    ScoreRing {
-        keys: 64,
-        stages: 5,
-        bulk: true,
-        l2_ahead: 0,
-    },
-    ScoreRing {
-        l2_ahead: 2,
-        ..SCORE_DECODE_RING
-    },
-];
+/// The other ring the indexer test times: six tiles of 64 keys, faster at short contexts.
+pub const SCORE_RING_VARIANTS: [ScoreRing; 1] = [ScoreRing {
+    keys: 64,
+    stages: 6,
+}];
 /// Query registers a thread of it may hold (`heads × dim / 64`: GLM-5's 32 × 128 is 64).
 const SCORE_DECODE_MAX_A: u64 = 64;
 /// Rows from which a decode takes it. One sequence's keys are too few tiles to spread over its
@@ -310,16 +276,10 @@ fn decode_score(cx: &NodeCtx, o: &ScoreOperands) -> Result<Option<Planned>, Stri
         .param("dim", dim)
         .param("tile_keys", ring.keys)
         .param("stages", ring.stages)
-        .param("bulk", ring.bulk)
         .param("a_regs", heads * dim / 64)
         .param("smem_kib", shared.div_ceil(1024))
         .dtype("w_t", o.w.dtype)?
         .shared(shared as u32, true);
-    // Only where it asks L2 ahead, so that the other rings keep their kernels' names.
-    let b = match ring.l2_ahead {
-        0 => b,
-        n => b.param("l2_ahead", n),
-    };
     let (b, args) = o.args(cx, b);
     let blocks = score_decode_blocks(cx.target, shared);
     Ok(Some(b.planned(GridDim::fixed(blocks), args)))
@@ -337,11 +297,8 @@ mod tests {
 
     #[test]
     fn the_persistent_indexer_grid_is_what_each_target_holds_at_once() {
-        // GLM-5's 128 dims: 96 KiB of swizzled tiles; the bulk ring's five padded 64-key tiles
-        // (64 × 17 chunks of 16 bytes) and their mbarriers, 85 KiB.
+        // GLM-5's 128 dims: 96 KiB of swizzled tiles.
         assert_eq!(SCORE_DECODE_RING.shared_bytes(128), 96 * 1024);
-        let bulk = SCORE_RING_VARIANTS.iter().find(|r| r.bulk).unwrap();
-        assert_eq!(bulk.shared_bytes(128), 87_080);
         for ring in std::iter::once(&SCORE_DECODE_RING).chain(&SCORE_RING_VARIANTS) {
             let shared = ring.shared_bytes(128);
             assert!(shared <= shared_limit(), "{ring:?}");
@@ -351,16 +308,9 @@ mod tests {
     }
 
     #[test]
-    fn a_ring_is_named_by_what_it_changes() {
+    fn a_ring_is_named_by_its_tiles() {
         let names: Vec<String> = SCORE_RING_VARIANTS.iter().map(|r| r.to_string()).collect();
-        assert_eq!(
-            names,
-            [
-                "6 × 64 keys",
-                "5 × 64 keys, bulk copies",
-                "3 × 128 keys, L2 2 tiles ahead"
-            ]
-        );
+        assert_eq!(names, ["6 × 64 keys"]);
         assert_eq!(SCORE_DECODE_RING.to_string(), "3 × 128 keys");
     }
 
