@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Device call A of the fifteenth session of 2026-12-07, never run: every start found no machine
-# until too little device time was left (tests/gpu/README.md, the fifteenth session). Kept for the
-# next session, which builds it the same way, here: `cargo build --release --locked --bin glmc`
+# Device call A of the fifteenth session of 2026-12-07, whose starts all found no machine; run by
+# the sixteenth on an H100 (its results in callA/, tests/gpu/README.md). Built here:
+# `cargo build --release --locked --bin glmc`
 # on main into DIR/old/glmc; then with 2026-12-06e/callD-gate.patch applied (the stream gate)
 # the same into DIR/glmc and `cargo test --release --locked -p glmc-runtime --test gpu_kernels
 # --no-run`'s executable into DIR/gpu_kernels; all three stripped and packed by
