@@ -2218,9 +2218,9 @@ fn mla_resident_blocks(target: Target, wide: bool) -> u64 {
     let per_sm = if wide {
         1
     } else {
-        target.shared_memory_per_sm() / (MLA_SHARED + 1024)
+        target.blocks_fitting_shared_memory(MLA_SHARED.into())
     };
-    u64::from(target.sm_count()) * u64::from(per_sm.max(1))
+    u64::from(target.sm_count()) * per_sm
 }
 
 /// Why the tensor-core absorbed attention cannot take this node, if it cannot: it is tiled for

@@ -63,6 +63,13 @@ impl Target {
         }
     }
 
+    /// Blocks of `shared` bytes of shared memory each that one SM's shared memory holds at once
+    /// (at least one: a kernel's launch checks that a block fits); registers and the SM's block
+    /// limit may allow fewer.
+    pub fn blocks_fitting_shared_memory(self, shared: u64) -> u64 {
+        (u64::from(self.shared_memory_per_sm()) / (shared + 1024)).max(1)
+    }
+
     /// The shared memory a kernel's tile may use on this target: SM120's 99 KiB everywhere, so
     /// the configuration tested on an H200 is the one an RTX PRO 6000 runs (Hopper's 227 KiB is
     /// only the ceiling of a later Hopper-specific variant).
@@ -186,6 +193,15 @@ impl fmt::Display for Target {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_sm_holds_the_blocks_its_shared_memory_fits() {
+        // The attention's 96.75 KiB block with its 1 KiB for the system: two in an H200's 228
+        // KiB, one in SM120's 100.
+        assert_eq!(Target::Sm90a.blocks_fitting_shared_memory(99_072), 2);
+        assert_eq!(Target::Sm120a.blocks_fitting_shared_memory(99_072), 1);
+        assert_eq!(Target::Sm120.blocks_fitting_shared_memory(200 * 1024), 1);
+    }
 
     #[test]
     fn parses_every_spelling() {

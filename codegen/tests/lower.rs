@@ -710,7 +710,7 @@ fn absorbed_attention_split_ranges() {
         [32, 16, 8, 4, 2, 1]
     );
     assert_eq!(wide.last().unwrap().above, Some(33));
-    // A split count no row count fits (132 / (128 · 4) = 0) is skipped.
+    // A split count no row count fits (264 / (128 · 4) = 0) is skipped.
     assert_eq!(
         mla_split_tiers(4, 1, 128, 264),
         [SplitTier {

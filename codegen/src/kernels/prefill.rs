@@ -201,8 +201,7 @@ pub(super) fn mma_score(cx: &NodeCtx, w_scale: f64) -> Result<Lowering, String> 
 /// whole persistent grid is resident (an H200: 2 × 132, two blocks of 96 KiB in its 228 KiB; an
 /// RTX PRO 6000: 188, one each in 100 KiB).
 fn score_decode_blocks(target: Target, shared: u64) -> u64 {
-    let per_sm = u64::from(target.shared_memory_per_sm()) / (shared + 1024);
-    u64::from(target.sm_count()) * per_sm.max(1)
+    u64::from(target.sm_count()) * target.blocks_fitting_shared_memory(shared)
 }
 /// Its ring of key tiles: `stages` tiles of `keys` keys (a multiple of 8 a warp), copied by each
 /// thread's 16-byte cp.async. Two other ways to keep more of the stream in flight lost to it on
