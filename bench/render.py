@@ -450,9 +450,14 @@ def attention_section(docs):
         "## Absorbed attention at batch 64",
         lambda d: f"The GPU test's decode cases at batch {ATTENTION_ROWS} on {d['device']['name']} ({d.get('date', '?')}; "
         f"`scripts/bench-gpu.sh run attention`; copy {d['copy_gbs']:.0f} GB/s, mma.sync {d['mma_tflops']:.0f} TFLOP/s): "
-        "each row's 2048 top-k keys past 2048 tokens, each case checked against the interpreter before it was timed.",
-        ["case", "heads", "context", "kernels", "us", "GB/s", "of roofline"],
-        lambda d, c: [c["case"], c["heads"], c["context"], c["kernels"]] + rates(d, c),
+        "each row's 2048 top-k keys past 2048 tokens, each case checked against the interpreter before it was timed. "
+        "`read us` is the gather ceiling where the test measured one: a kernel that only reads the keys the top-k "
+        "lists name (1152 bytes each), timed the same way at its fastest configuration (`gather_ceiling` in "
+        "runtime/src/cuda/ceiling.rs); `of read` is it over the case's time.",
+        ["case", "heads", "context", "kernels", "us", "GB/s", "of roofline", "read us", "of read"],
+        lambda d, c: [c["case"], c["heads"], c["context"], c["kernels"]]
+        + rates(d, c)
+        + [num(c.get("read_us")), pct(None if c.get("read_us") is None else c["read_us"] / c["time_us"])],
         lambda c: c["phase"] == "decode" and c["rows"] == ATTENTION_ROWS,
     )
 
@@ -492,12 +497,14 @@ def gemv_targets(docs):
 
 
 def gemv_section(docs):
-    """Every shape of the sweeps: glmc's time, its share of the copy bandwidth and torch's time."""
+    """Every shape of the sweeps: glmc's time, its share of the copy bandwidth, the read ceiling
+    and glmc's share of it (dashes where the sweep predates the ceiling) and torch's time."""
     rows = []
     for d in docs[GEMV]:
         for s in d["shapes"]:
             if s["phase"] != "decode":
                 continue
+            read = s.get("read_us")
             rows.append(
                 [
                     s["rows"],
@@ -506,6 +513,8 @@ def gemv_section(docs):
                     num(weight_bytes(s) / 2**20),
                     num(s["glmc_us"]),
                     pct(gemv_fraction(s, d["copy_gbs"])),
+                    num(read),
+                    pct(None if read is None else read / s["glmc_us"]),
                     num(s["torch_us"]),
                     num(s["glmc_us"] / s["torch_us"], 2),
                 ]
@@ -522,8 +531,16 @@ def gemv_section(docs):
         "The GPU skinny sweep's shipped kernels and torch.matmul, each shape alone with its operands",
         "rotated through copies spanning twice the L2 (weights from DRAM), back to back in a CUDA",
         f"graph; `of copy` is the bytes moved over the copy bandwidth measured in that call: {bandwidth}.",
+        "`read us` is the read ceiling, the best any kernel can do under this protocol, launches",
+        "included: a kernel that only reads the weight's bytes (not x or y), timed the same way in the",
+        "sweep's run, at its fastest configuration (`read_ceiling` in runtime/src/cuda/ceiling.rs);",
+        "`of read` is it over glmc's time. The targets stay judged against the copy bandwidth. A dash:",
+        "the sweep predates the read ceiling.",
         "",
-    ] + table(["rows", "node (layers folded)", "heads × N × K", "weight MiB", "glmc us", "of copy", "torch us", "glmc / torch"], rows)
+    ] + table(
+        ["rows", "node (layers folded)", "heads × N × K", "weight MiB", "glmc us", "of copy", "read us", "of read", "torch us", "glmc / torch"],
+        rows,
+    )
 
 
 def gaps_section(docs, top=8):

@@ -9,7 +9,8 @@ torch's default for matmul).
 
 OUT_JSON (schema glmc-bench-gemv/1, which bench/render.py judges issue 14's decode GEMM target
 from) holds every shape with both times and the copy bandwidth measured here, as the harness
-measures it (a 2 GiB device-to-device copy, bytes read plus written).
+measures it (a 2 GiB device-to-device copy, bytes read plus written). A shape's other fields
+pass through as the sweep wrote them, among them the skinny sweep's read ceiling `read_us`.
 """
 import json
 import os

@@ -26,7 +26,9 @@ __device__ __forceinline__ void grid_dependency_control() {
 // (the skinny GEMM): a weight is never written by any kernel, so reading it early cannot race
 // with the kernel before, and a launched-early GEMM has its first weight bytes on the way when
 // that kernel ends instead of a DRAM round trip later. Nothing but weights may be read before
-// the wait. It does nothing; it marks the exception where the render check looks for the wait.
+// the wait, and only with coherent loads (ld_early16, ld_vec_early), which ptxas leaves there
+// (codegen/tests/compile_cuda.rs checks the SASS). It does nothing; it marks the exception where
+// the render check looks for the wait.
 __device__ __forceinline__ void weights_before_wait() {}
 
 __device__ __forceinline__ float ld(const float* p) { return *p; }
@@ -159,6 +161,56 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p));
     return v;
+}
+
+// A weight's 16 bytes read before griddepcontrol.wait (see weights_before_wait): ld_stream16
+// without `.nc`, since ptxas (13.0, sm_90a and sm_120a) puts the wait above every `.nc` load
+// whatever the source order, and a kernel launched early would then request nothing until the
+// kernel before it has ended. `volatile` keeps the compiler's order too.
+template <int PREFETCH = 0>
+__device__ __forceinline__ uint4 ld_early16(const void* p) {
+    uint4 v;
+    if constexpr (PREFETCH == 256)
+        asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    else if constexpr (PREFETCH == 128)
+        asm volatile("ld.global.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    else
+        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    return v;
+}
+
+// A weight's 16 bytes by ld_early16 before the wait (EARLY), else by ld_stream16.
+template <int PREFETCH, bool EARLY>
+__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+    if constexpr (EARLY)
+        return ld_early16<PREFETCH>(p);
+    else
+        return ld_stream16<PREFETCH>(p);
+}
+
+// ld_vec for a weight read before the wait, as ld_early16: a coherent load of the vector.
+template <typename T, int N>
+__device__ __forceinline__ void ld_vec_early(const T* p, float (&out)[N]) {
+    Vec<T, N> r;
+    constexpr int BYTES = sizeof(r);
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "a vector of 4, 8 or 16 bytes");
+    unsigned* const u = reinterpret_cast<unsigned*>(&r);
+    if constexpr (BYTES == 16)
+        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
+                     : "l"(p));
+    else if constexpr (BYTES == 8)
+        asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(u[0]), "=r"(u[1]) : "l"(p));
+    else
+        asm volatile("ld.global.L1::no_allocate.u32 %0, [%1];\n" : "=r"(u[0]) : "l"(p));
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = ld(&r.v[i]);
 }
 
 // The dynamic shared memory of the kernels that take more than 48 KiB; one declaration, since

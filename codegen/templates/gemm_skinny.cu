@@ -61,14 +61,14 @@
     zero_tiles(acc);
 
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    auto fetch = [&](int ch, uint4 (&wq)[NT]) {
+    auto fetch = [&](int ch, uint4 (&wq)[NT], auto early) {
         const int k0 = ch * CHUNK;
         const bool in_k = ch < CHUNKS && k0 + t4 * 8 < K;
 #pragma unroll
         // The address stays inside the weight also where the load is not wanted, so a load the
         // compiler issues ahead of the condition cannot fault.
         for (int ni = 0; ni < NT; ++ni)
-            wq[ni] = wv[ni] && in_k ? ld_stream16<PREFETCH>(wr[ni] + (in_k ? k0 : 0)) : zero;
+            wq[ni] = wv[ni] && in_k ? ld_weight16<PREFETCH, decltype(early)::value>(wr[ni] + (in_k ? k0 : 0)) : zero;
     };
     // Row tile mi of x's fragments of chunk ch (zero past K and for rows past the last): slots
     // (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
@@ -93,7 +93,7 @@
     // Slot d of the ring holds chunk ch + d·WARPS_K; each warp takes its chunks in ascending order.
     uint4 ring[DEPTH][NT];
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d]);
+    for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d], Flag<true>{});
     // Only weights above (see weights_before_wait): x is the kernel before's output.
     grid_dependency_control();
     uint4 xq[2];
@@ -120,7 +120,7 @@
                     }
                 }
             }
-            fetch(c + DEPTH * WARPS_K, ring[d]);
+            fetch(c + DEPTH * WARPS_K, ring[d], Flag<false>{});
         }
     }
 

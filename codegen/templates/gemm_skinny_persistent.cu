@@ -40,7 +40,7 @@
         }
     };
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    auto fetch = [&](int ch, uint4 (&wq)[NT]) {
+    auto fetch = [&](int ch, uint4 (&wq)[NT], auto early) {
         const int k0 = ch * CHUNK;
         // Where K is whole chunks the lane's k offset is not compared (nor kept in a register).
         const bool in_k = ch < CHUNKS && (K % CHUNK == 0 || k0 + t4 * 8 < K);
@@ -48,7 +48,7 @@
         // The address stays inside the weight also where the load is not wanted, so a load the
         // compiler issues ahead of the condition cannot fault.
         for (int ni = 0; ni < NT; ++ni)
-            wq[ni] = wv[ni] && in_k ? ld_stream16<PREFETCH>(wr[ni] + (in_k ? k0 : 0)) : zero;
+            wq[ni] = wv[ni] && in_k ? ld_weight16<PREFETCH, decltype(early)::value>(wr[ni] + (in_k ? k0 : 0)) : zero;
     };
     const bf16* xr[2];
     bool xv[2];
@@ -80,7 +80,7 @@
     weights_of(t);
     uint4 ring[DEPTH][NT];
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d]);
+    for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d], Flag<true>{});
     // Only weights above (see weights_before_wait): x is the kernel before's output.
     grid_dependency_control();
     for (; t < tiles; t += gridDim.x) {
@@ -109,13 +109,13 @@
                 if (c < CHUNKS) mma_chunk(xq, ring[d]);
                 xq[0] = xn[0];
                 xq[1] = xn[1];
-                fetch(c + DEPTH * WARPS_K, ring[d]);
+                fetch(c + DEPTH * WARPS_K, ring[d], Flag<false>{});
             }
         }
         // The ring's first turn of the block's next tile (none past the last: nothing loads).
         weights_of(t + (int)gridDim.x);
 #pragma unroll
-        for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d]);
+        for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d], Flag<false>{});
 
         // Every thread has read the previous tile's partial sums.
         __syncthreads();

@@ -36,9 +36,9 @@ extern "C" __global__ void __launch_bounds__({{ threads }}, 1) {{ name }}(
         for (int it = 0; it < ITEMS; ++it) {
             const int c = (it * T + threadIdx.x) * V;
             if (c < D) {
-                ld_vec<{{ w_t }}, V>(w + c, g[it]);
+                ld_vec{% if weights_first %}_early{% endif %}<{{ w_t }}, V>(w + c, g[it]);
 {%- if layernorm %}
-                ld_vec<{{ bias_t }}, V>(bias + c, b[it]);
+                ld_vec{% if weights_first %}_early{% endif %}<{{ bias_t }}, V>(bias + c, b[it]);
 {%- endif %}
             }
         }

@@ -220,14 +220,27 @@ fn glm5_prefill_gemms_use_hmma() {
             x.node == "model.layers.0.self_attn.o_proj" && x.kernel.starts_with("glmc_gemm_mma_")
         })
         .expect("the tiled tensor-core GEMM for many rows");
-    let source = render::render(&l.kernels).unwrap();
-    let compiled = nvcc::compile(
-        &nvcc,
-        &source,
-        Target::Sm120,
-        nvcc::default_cache_dir().as_deref(),
-    )
-    .unwrap();
+    let sass = sass_by_kernel(&nvcc, &l.kernels, Target::Sm120);
+    let body = sass
+        .get(&o_proj.kernel)
+        .unwrap_or_else(|| panic!("no SASS for {}", o_proj.kernel));
+    assert!(
+        body.contains("HMMA.16816.F32.BF16"),
+        "no bf16 HMMA in {}",
+        o_proj.kernel
+    );
+}
+
+/// `kernels` compiled for `target`, each kernel's SASS by name (read with cuobjdump, which the
+/// pinned toolchain installs next to nvcc).
+fn sass_by_kernel(
+    nvcc: &nvcc::Compiler,
+    kernels: &[glmc_codegen::schedule::Kernel],
+    target: Target,
+) -> std::collections::HashMap<String, String> {
+    let source = render::render(kernels).unwrap();
+    let compiled =
+        nvcc::compile(nvcc, &source, target, nvcc::default_cache_dir().as_deref()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cubin = dir.path().join("k.cubin");
     std::fs::write(&cubin, &compiled.cubin).unwrap();
@@ -243,16 +256,56 @@ fn glm5_prefill_gemms_use_hmma() {
         .env("PATH", path)
         .output()
         .expect("cuobjdump next to nvcc (scripts/cuda-toolchain.sh installs it)");
-    let sass = String::from_utf8_lossy(&out.stdout);
-    let body = sass
+    String::from_utf8_lossy(&out.stdout)
         .split("Function : ")
-        .find(|f| f.starts_with(&o_proj.kernel))
-        .unwrap_or_else(|| panic!("no SASS for {}", o_proj.kernel));
-    assert!(
-        body.contains("HMMA.16816.F32.BF16"),
-        "no bf16 HMMA in {}",
-        o_proj.kernel
-    );
+        .skip(1)
+        .map(|f| {
+            let name = f.split_whitespace().next().unwrap_or_default().to_string();
+            (name, f.to_string())
+        })
+        .collect()
+}
+
+/// A kernel that reads its weights before its programmatic-launch wait (`weights_before_wait`,
+/// so that a kernel launched early has them on the way while the kernel before it ends) issues
+/// them there in the SASS: ptxas 13.0 puts the wait (ACQBULK) above every `ld.global.nc`,
+/// whatever the source order, so those loads must be coherent ones (`ld_early16`).
+#[test]
+fn weights_read_before_the_wait_are_issued_before_it() {
+    let nvcc = compiler();
+    let mut templates = std::collections::BTreeSet::new();
+    for target in [Target::Sm120a, Target::Sm90a] {
+        let l = lowered("glm5.ron", target);
+        let early: Vec<_> = l
+            .kernels
+            .iter()
+            .filter(|k| {
+                render::render(std::slice::from_ref(*k))
+                    .unwrap()
+                    .contains("    weights_before_wait();")
+            })
+            .cloned()
+            .collect();
+        templates.extend(early.iter().map(|k| k.template.clone()));
+        let sass = sass_by_kernel(&nvcc, &early, target);
+        for k in &early {
+            let body = sass
+                .get(&k.name)
+                .unwrap_or_else(|| panic!("no SASS for {}", k.name));
+            let first_load = body.find("LDG").expect("a global load");
+            let wait = body.find("ACQBULK").expect("the wait");
+            assert!(
+                first_load < wait,
+                "{target}: {} ({}) issues no load before its wait",
+                k.name,
+                k.template
+            );
+        }
+    }
+    // The skinny GEMMs of both forms and the norms take their weights first.
+    for t in ["gemm_skinny", "gemm_skinny_persistent", "norm"] {
+        assert!(templates.contains(t), "no {t} kernel reads weights first");
+    }
 }
 
 /// The tensor-core absorbed attention of GLM-5 at TP=1 (64 heads, 4 groups of 16 a block) and

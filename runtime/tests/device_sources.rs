@@ -1,8 +1,9 @@
 //! The runtime's own CUDA sources (not generated from templates) compile for every target with
-//! the pinned nvcc, without local memory: the random-weight generator, and the kernel `glmc
-//! bench` measures the bf16 `mma.sync` rate with (a spill would measure the memory, not the
-//! tensor cores). `scripts/test.sh` installs the compiler and sets GLMC_NVCC, so in CI these
-//! never skip.
+//! the pinned nvcc, without local memory: the random-weight generator, the kernel `glmc bench`
+//! measures the bf16 `mma.sync` rate with (a spill would measure the memory, not the tensor
+//! cores), and the read probes the GPU tests hold kernels against (a spill would be bytes the
+//! probe reads and the kernels need not). `scripts/test.sh` installs the compiler and sets
+//! GLMC_NVCC, so in CI these never skip.
 
 use glmc_codegen::{nvcc, Target};
 use glmc_runtime::cuda::{ceiling, random_fill};
@@ -44,4 +45,13 @@ fn the_device_generator_compiles_for_every_target() {
 #[test]
 fn the_mma_rate_kernel_compiles_for_every_target() {
     compiles_without_local_memory(ceiling::MMA_SOURCE, "glmc_mma_rate");
+}
+
+#[test]
+fn the_read_probes_compile_for_every_target() {
+    let kernels: Vec<String> = ceiling::read_kernels().collect();
+    assert!(!kernels.is_empty());
+    for kernel in &kernels {
+        compiles_without_local_memory(ceiling::READ_SOURCE, kernel);
+    }
 }

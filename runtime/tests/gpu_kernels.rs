@@ -36,6 +36,7 @@ use glmc_ir::{DType, Function, Module, NodeIndex, Op, TensorType, Value};
 use glmc_models::builder::{BuildOptions, Sampler};
 use glmc_models::ModelConfig;
 use glmc_passes::{pipeline, PipelineOptions};
+use glmc_runtime::cuda::ceiling::{self, Gather, ReadCeiling};
 use glmc_runtime::cuda::graphs::Graphs;
 use glmc_runtime::cuda::{launch, random_fill, Gpu, LaunchMode, Memory};
 use glmc_runtime::{run_function, sampling, RandomWeights, Tensor};
@@ -259,9 +260,6 @@ struct Run {
     seconds_per_run: Option<f64>,
 }
 
-/// Bytes of inputs a timed run rotates through: twice the 60 MB L2 issue 14 names.
-const ROTATION_BYTES: usize = 120 << 20;
-
 fn run_on_gpu(
     dev: &Device,
     module: &Module,
@@ -344,7 +342,7 @@ fn run_on_gpu_with(
             .map(|(_, b)| b.len())
             .sum::<usize>()
             .max(1);
-        let copies = ROTATION_BYTES.div_ceil(bytes).clamp(1, 64);
+        let copies = ceiling::rotation_copies(bytes);
         let reps = copies.max(20);
         let mut copy_bufs = Vec::new();
         let memories: Vec<Memory> = (0..copies)
@@ -1991,13 +1989,15 @@ fn distinct_launches(
 /// CUDA graph). Writes `skinny.md` (every variant, the one the lowering ships marked) and
 /// `skinny.json` (the shipped variant, for `scripts/torch_gemm.py`), so the lowering's choice
 /// is read off a measurement; the shipped variant is also timed with plain launches, for what
-/// programmatic launch buys back to back.
+/// programmatic launch buys back to back. Beside each shape, its read ceiling
+/// ([`ReadCeilings`]): `read_us` in `skinny.json`, a line of `skinny.md`.
 #[test]
 #[ignore = "gpu"]
 fn glm5_skinny_gemm_variants_are_timed() {
     let dev = Device::open();
     let module = model("glm5.ron");
     let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut reads = ReadCeilings::new(&dev);
     let mut rng = Rng(777);
     let limits = Limits {
         max_prefill_tokens: 64,
@@ -2087,7 +2087,7 @@ fn glm5_skinny_gemm_variants_are_timed() {
         .collect();
     compile_all(&dev, &sources);
     let mut report = format!(
-        "copy roofline measured in this run: {copy_gbs:.0} GB/s; variant = the tile (`Cc×W`: C columns a warp, W warps on K), depth/blocks an SM/L2 prefetch, then the grid: `tiles` (a block per tile) or `pN` (persistent, N blocks), * = shipped\n\
+        "copy roofline measured in this run: {copy_gbs:.0} GB/s; variant = the tile (`Cc×W`: C columns a warp, W warps on K), depth/blocks an SM/L2 prefetch, then the grid: `tiles` (a block per tile) or `pN` (persistent, N blocks), * = shipped; read ceiling = a kernel that only reads the weight's bytes (heads × N × K × 2, the weight alone: not x or y) under the same protocol, its fastest configuration (16-byte loads in flight a thread, blocks an SM) and its GB/s of those bytes\n\
          | rows | node | heads × N × K | variant | max err | time (us) | GB/s | TFLOP/s | of roofline |\n|---|---|---|---|---|---|---|---|---|\n"
     );
     let name = |v: &SkinnyVariant, k: &Kernel| {
@@ -2109,7 +2109,10 @@ fn glm5_skinny_gemm_variants_are_timed() {
     let mut failures = Vec::new();
     for (node, mini, mm, kernel, shipped, variants) in &cases {
         let n = f.find(node).unwrap();
-        let [heads, n_cols, k] = weight_shape(&f.node(f.operands(n)[1].node).outputs[0]);
+        let weight = &f.node(f.operands(n)[1].node).outputs[0];
+        let [heads, n_cols, k] = weight_shape(weight);
+        let weight_bytes = heads * n_cols * k * weight.dtype.size_bytes();
+        let read = reads.of(&dev, weight_bytes);
         for rows in [1u64, 8] {
             let b = Bindings::from([("b".into(), rows), ("t".into(), 4096)]);
             let ins = inputs(mini, &b, &mut rng, 154_880, GLM5_POSITIONS);
@@ -2145,10 +2148,11 @@ fn glm5_skinny_gemm_variants_are_timed() {
                 }
                 if !mark.is_empty() {
                     shapes.push(format!(
-                        "{{\"phase\": \"decode\", \"node\": \"{node}\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"bf16\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}}}",
+                        "{{\"phase\": \"decode\", \"node\": \"{node}\", \"rows\": {rows}, \"heads\": {heads}, \"n\": {n_cols}, \"k\": {k}, \"dtype\": \"bf16\", \"glmc_us\": {:.3}, \"bytes\": {}, \"flops\": {}, \"read_us\": {:.3}}}",
                         t.secs * 1e6,
                         t.moved,
-                        t.flops
+                        t.flops,
+                        read.secs * 1e6
                     ));
                 }
             }
@@ -2169,9 +2173,51 @@ fn glm5_skinny_gemm_variants_are_timed() {
                 secs * 1e6
             )
             .unwrap();
+            writeln!(
+                report,
+                "| {rows} | {node} | read ceiling | {}, {weight_bytes} bytes | | {:.1} | {:.0} | | |",
+                read.config,
+                read.secs * 1e6,
+                weight_bytes as f64 / read.secs / 1e9
+            )
+            .unwrap();
         }
     }
     finish_sweep("skinny", &report, &shapes, &failures);
+}
+
+/// The read ceilings (`runtime/src/cuda/ceiling.rs`) of a weight (`of`: the fastest a kernel
+/// that only reads its bytes runs under the protocol `run_on_gpu_with` times glmc's kernels by,
+/// rotated copies from DRAM, back to back in one CUDA graph, programmatic launches; measured
+/// once a byte count) and of the absorbed attention's key gather (`gather`).
+struct ReadCeilings {
+    kernels: glmc_runtime::cuda::Kernels,
+    by_bytes: HashMap<u64, ReadCeiling>,
+}
+
+impl ReadCeilings {
+    fn new(dev: &Device) -> ReadCeilings {
+        let source = ceiling::READ_SOURCE;
+        let cache = nvcc::default_cache_dir();
+        let compiled = nvcc::compile(&dev.compiler, source, dev.target, cache.as_deref()).unwrap();
+        ReadCeilings {
+            kernels: dev
+                .gpu
+                .load(&compiled.cubin, LaunchMode::Programmatic)
+                .unwrap(),
+            by_bytes: HashMap::new(),
+        }
+    }
+
+    fn gather(&mut self, dev: &Device, gather: &Gather) -> ReadCeiling {
+        ceiling::gather_ceiling(&dev.gpu, &mut self.kernels, gather).unwrap()
+    }
+
+    fn of(&mut self, dev: &Device, bytes: u64) -> ReadCeiling {
+        *self.by_bytes.entry(bytes).or_insert_with(|| {
+            ceiling::read_ceiling(&dev.gpu, &mut self.kernels, bytes as usize).unwrap()
+        })
+    }
 }
 
 /// Writes a variant sweep's report (`STEM.md`) and its shapes for `scripts/torch_gemm.py`
@@ -2940,19 +2986,20 @@ const MLA_TILES_PER_SPLIT_VARIANTS: [u64; 3] = [1, 4, 8];
 /// on an H200; for 64 heads the variants lower to the shipped kernels, a second timing of it).
 const MLA_WAVE_TILES_PER_SPLIT_VARIANTS: [u64; 2] = [32, 64];
 
-/// `mla.attend.absorbed` on the tensor cores at GLM-5's sizes (bf16, 512 + 64 dims, 64 heads
-/// and the 8 of a rank at TP=8, top-k 2048 with dense_until 2048) against the interpreter:
-/// decode at batch 1 and 64 over contexts 1, 100, 2048, 4096 and 32768 (past 2048 through the
-/// top-k lists), ragged lengths, a top-k list holding every key (dense_until 0) against dense
-/// attention, and a 4096-token sparse prefill. Where the interpreter would take minutes (batch
-/// 64 × 32768, the prefill) it checks sampled rows, and batch 64 × 32768 is also compared in
-/// full with the baseline kernel (the same values in f32, which the baseline takes). Other
-/// split lengths at a few rows, and the 16-head kernel where 64 heads take the wide one, are
+/// `mla.attend.absorbed` on the tensor cores at GLM-5's sizes (bf16, 512 + 64 dims, 64 heads and
+/// the 8 of a rank at TP=8, top-k 2048 with dense_until 2048) against the interpreter: decode at
+/// batch 1 and 64 over contexts 1, 100, 2048, 4096 and 32768 (past 2048 through the top-k lists),
+/// batch 8 of 64 heads at 32768, ragged lengths, a top-k list holding every key (dense_until 0)
+/// against dense attention, and a 4096-token sparse prefill. Where the interpreter would take
+/// minutes (batch 64 × 32768, the prefill) it checks sampled rows, and batch 64 × 32768 is also
+/// compared in full with the baseline kernel (the same values in f32, which the baseline takes).
+/// Other split lengths at a few rows, and the 16-head kernel where 64 heads take the wide one, are
 /// timed against the shipped choice and checked the same way. Timed by `run_on_gpu`; written to
-/// `attention.md` (and `attention.json`, for `bench/render.py`) with the roofline: the bytes
-/// (each row's visible keys at 1152 bytes, the prefill's cache once, queries and outputs) at the
-/// copy bandwidth measured here, or the FLOPs (2 · heads · (576 + 512) per visible key) at the
-/// mma.sync rate.
+/// `attention.md` (and `attention.json`, for `bench/render.py`) with the roofline: the bytes (each
+/// row's visible keys at 1152 bytes, the prefill's cache once, queries and outputs) at the copy
+/// bandwidth measured here, or the FLOPs (2 · heads · (576 + 512) per visible key) at the mma.sync
+/// rate; and, at 8 rows or more through the top-k lists, the gather ceiling (`read_us`: a kernel
+/// that only reads the listed keys, timed the same way).
 #[test]
 #[ignore = "gpu"]
 fn glm5_absorbed_attention_matches_and_is_timed() {
@@ -2994,6 +3041,8 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             }
         }
     }
+    // Batch 8 of 64 heads: split counts between batch 1's and 64's, a gather ceiling at few rows.
+    cases.push(case("decode", "decode", 64, 8, 32768));
     cases.push(Case {
         ragged: true,
         ..case("decode, ragged", "decode", 64, 64, 4096)
@@ -3018,6 +3067,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
 
     let dev = Device::open();
     let copy_gbs = measure_copy_bandwidth(&dev);
+    let mut reads = ReadCeilings::new(&dev);
     let mut rng = Rng(0xa77e);
     let limits = Limits {
         max_prefill_tokens: 4096,
@@ -3145,8 +3195,8 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             )
         };
         // The same row for bench/render.py (scripts/gpu_test_result.py adds the header).
-        let mut entry = |label: &str, kernels: &str, err: &str, secs: f64| {
-            timed.push(serde_json::json!({
+        let mut entry = |label: &str, kernels: &str, err: &str, secs: f64, read_us: Option<f64>| {
+            let mut e = serde_json::json!({
                 "case": format!("{}{label}", c.name),
                 "phase": c.phase,
                 "heads": c.heads,
@@ -3158,10 +3208,55 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 "bytes": cost.0,
                 "flops": cost.1,
                 "roofline_us": bound * 1e6,
-            }))
+            });
+            if let Some(us) = read_us {
+                e["read_us"] = us.into();
+            }
+            timed.push(e)
         };
         let secs = run.seconds_per_run.unwrap();
         drop(run);
+        let listed = c.sparse && c.context > c.dense_until as usize && !prefill;
+        // The gather ceiling of a batch's top-k keys (`ceiling::gather_ceiling`): a kernel that
+        // only reads the keys the lists name (1152 bytes each), timed the same way.
+        let read = (listed && !c.ragged && c.rows >= 8).then(|| {
+            let upload = |t: &Tensor, dtype| dev.gpu.upload(&t.to_bytes(dtype).unwrap()).unwrap();
+            let (k1, k2, topk) = (
+                upload(&ins[2], DType::BF16),
+                upload(&ins[3], DType::BF16),
+                upload(&ins[5], DType::I64),
+            );
+            let context = c.context as u64;
+            let gather = Gather {
+                rows: c.rows as u64,
+                keys: 2048,
+                topk: dev.gpu.address(&topk),
+                topk_row: 2048,
+                k1: dev.gpu.address(&k1),
+                k1_seq_bytes: context * 1024,
+                k1_key_bytes: 1024,
+                k2: dev.gpu.address(&k2),
+                k2_seq_bytes: context * 128,
+                k2_key_bytes: 128,
+            };
+            let named = ins[5].as_i64().unwrap().iter().filter(|&&j| j >= 0).count() as u64;
+            (reads.gather(&dev, &gather), named * Gather::ENTRY_BYTES)
+        });
+        if let Some((ceiling, bytes)) = &read {
+            let line = format!(
+                "| {} (gather ceiling: {}) | {} | {} | {} | | | | {:.1} | {:.0} | | |",
+                c.name,
+                ceiling.config,
+                c.heads,
+                c.rows,
+                c.context,
+                ceiling.secs * 1e6,
+                *bytes as f64 / ceiling.secs / 1e9
+            );
+            println!("{line}");
+            writeln!(report, "{line}").unwrap();
+        }
+        let read_us = read.map(|(ceiling, _)| ceiling.secs * 1e6);
         let mut baseline_line = None;
         if c.baseline {
             let m32 =
@@ -3189,7 +3284,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 row_cells(base.seconds_per_run.unwrap())
             ));
         }
-        entry("", &kernels, &err, secs);
+        entry("", &kernels, &err, secs, read_us);
         let line = format!(
             "| {} | {} | {} | {} | {kernels} | {} | {err} | {} |",
             c.name,
@@ -3210,7 +3305,6 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         // against the shipped one, each checked against the interpreter, and at batch 64 fewer
         // splits; so is the narrow kernel (16 heads a block) where the heads take the wide one
         // on many rows.
-        let listed = c.sparse && c.context > c.dense_until as usize && !prefill;
         let tiles_per_split: &[u64] = match c.rows {
             ..=8 if listed => &MLA_TILES_PER_SPLIT_VARIANTS,
             64.. if listed && c.context == 32768 => &MLA_WAVE_TILES_PER_SPLIT_VARIANTS,
@@ -3249,7 +3343,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             };
             let kernels = launched(&run.phase, &b).join(",");
             let secs = run.seconds_per_run.unwrap();
-            entry(&format!(" ({label})"), &kernels, &err, secs);
+            entry(&format!(" ({label})"), &kernels, &err, secs, read_us);
             let line = format!(
                 "| {} ({label}) | {} | {} | {} | {kernels} | {} | {err} | {} |",
                 c.name,

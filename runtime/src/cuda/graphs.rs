@@ -93,25 +93,33 @@ impl Graphs {
         &self,
         record: impl FnOnce(&Arc<CudaStream>) -> Result<(), CudaError>,
     ) -> Result<CudaGraph, CudaError> {
-        self.stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(driver("starting to capture a decode step"))?;
-        // The capture is ended also when recording failed, so the stream is usable again.
-        let recorded = record(&self.stream);
-        let graph = self
-            .stream
-            .end_capture(CUgraphInstantiate_flags(0))
-            .map_err(driver("capturing a decode step into a CUDA graph"));
-        recorded?;
-        graph?.ok_or_else(|| {
-            CudaError::Artifact("the decode step captured no work into its CUDA graph".into())
-        })
+        capture(&self.stream, "a decode step", record)
     }
 
     /// The stream the graphs run on, for timing them with events.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
+}
+
+/// The graph of the work `record` queues on `stream` (not the legacy default stream, which
+/// cannot be captured), `what` naming it in errors.
+pub(crate) fn capture(
+    stream: &Arc<CudaStream>,
+    what: &str,
+    record: impl FnOnce(&Arc<CudaStream>) -> Result<(), CudaError>,
+) -> Result<CudaGraph, CudaError> {
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(driver(format!("starting to capture {what}")))?;
+    // The capture is ended also when recording failed, so the stream is usable again.
+    let recorded = record(stream);
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags(0))
+        .map_err(driver(format!("capturing {what} into a CUDA graph")));
+    recorded?;
+    graph?
+        .ok_or_else(|| CudaError::Artifact(format!("{what} captured no work into its CUDA graph")))
 }
 
 #[cfg(test)]

@@ -360,26 +360,47 @@ pub fn launch(
             Value::F32(x) => x as *const f32 as *mut std::ffi::c_void,
         })
         .collect();
+    let shape = (grid, launch.block, launch.dynamic_shared_bytes);
+    // SAFETY: the arguments match the kernel's parameter list by construction (the same
+    // lowering wrote both), `params` points at `values`, which outlive the call, and every
+    // pointer among them is into memory that `memory` owns for the call.
+    unsafe { launch_raw(stream, f, shape, mode, &mut params) }.map_err(|source| CudaError::Driver {
+        what: format!("launching {} for \"{}\"", launch.kernel, launch.node),
+        source,
+    })
+}
+
+/// Starts `f` on `stream` with a grid of `grid` blocks of `block` threads and `shared` bytes of
+/// dynamic shared memory, as `mode` says; `params` points at its arguments, in order.
+///
+/// # Safety
+///
+/// `params` must match `f`'s parameter list, and the memory it names must stay valid until the
+/// kernel has run.
+unsafe fn launch_raw(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    (grid, block, shared): (u32, u32, u32),
+    mode: LaunchMode,
+    params: &mut [*mut std::ffi::c_void],
+) -> Result<(), DriverError> {
     let mut attribute = mode.attribute();
     let config = CUlaunchConfig {
         gridDimX: grid,
         gridDimY: 1,
         gridDimZ: 1,
-        blockDimX: launch.block,
+        blockDimX: block,
         blockDimY: 1,
         blockDimZ: 1,
-        sharedMemBytes: launch.dynamic_shared_bytes,
+        sharedMemBytes: shared,
         hStream: stream.cu_stream(),
         attrs: attribute
             .as_mut()
             .map_or(std::ptr::null_mut(), |a| a as *mut CUlaunchAttribute),
         numAttrs: u32::from(attribute.is_some()),
     };
-    let what = || format!("launching {} for \"{}\"", launch.kernel, launch.node);
-    stream.context().bind_to_thread().map_err(driver(what()))?;
-    // SAFETY: the arguments match the kernel's parameter list by construction (the same
-    // lowering wrote both), `params` points at `values`, which outlive the call, and every
-    // pointer among them is into memory that `memory` owns for the call.
+    stream.context().bind_to_thread()?;
+    // SAFETY: `config` and its attribute outlive the call; the caller vouches for `params`.
     unsafe {
         cudarc::driver::sys::cuLaunchKernelEx(
             &config,
@@ -389,8 +410,6 @@ pub fn launch(
         )
     }
     .result()
-    .map_err(driver(what()))?;
-    Ok(())
 }
 
 pub mod ceiling;
