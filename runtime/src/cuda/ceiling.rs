@@ -259,10 +259,12 @@ impl Gather {
 }
 
 /// The fastest a kernel can read what the absorbed attention reads of its caches (`gather`),
-/// timed as [`read_ceiling`] times the stream but with nothing rotated (the caller's caches are
-/// far larger than L2) and nothing read before the dependency wait (the top-k list is written
-/// by the kernel before). The caller counts the bytes: [`Gather::ENTRY_BYTES`] for every entry
-/// ≥ 0. The best of [`GATHER_DEPTHS`] × [`BLOCKS_PER_SM`]; `kernels` are [`READ_SOURCE`]'s.
+/// timed as [`read_ceiling`] times the stream but with nothing rotated and nothing read before
+/// the dependency wait (the top-k list is written by the kernel before). Every launch reads the
+/// same keys, so they come from DRAM only if they span twice the L2: the caller sees to that
+/// (its entries ≥ 0 times [`Gather::ENTRY_BYTES`], the bytes it counts, at least
+/// [`ROTATION_BYTES`]); fewer entries than that are refused. The best of [`GATHER_DEPTHS`] ×
+/// [`BLOCKS_PER_SM`]; `kernels` are [`READ_SOURCE`]'s.
 pub fn gather_ceiling(
     gpu: &Gpu,
     kernels: &mut Kernels,
@@ -277,6 +279,13 @@ pub fn gather_ceiling(
     if entries == 0 || entries >= 1 << 31 || !aligned {
         return Err(CudaError::Artifact(format!(
             "the gather probe takes 1 to 2^31 entries and 16-byte aligned caches: {gather:?}"
+        )));
+    }
+    if entries * Gather::ENTRY_BYTES < ROTATION_BYTES as u64 {
+        return Err(CudaError::Artifact(format!(
+            "the gather probe's {entries} entries read at most {} bytes, under the {ROTATION_BYTES} \
+             that keep them from staying in L2: gather more rows",
+            entries * Gather::ENTRY_BYTES
         )));
     }
     let launches = graph_launches((entries * Gather::ENTRY_BYTES) as usize, 1);
