@@ -51,7 +51,8 @@ fn the_mma_rate_kernel_compiles_for_every_target() {
 fn the_read_probes_compile_for_every_target() {
     let kernels: Vec<String> = ceiling::read_kernels().collect();
     assert!(!kernels.is_empty());
+    let source = ceiling::read_source();
     for kernel in &kernels {
-        compiles_without_local_memory(ceiling::READ_SOURCE, kernel);
+        compiles_without_local_memory(&source, kernel);
     }
 }

@@ -2197,9 +2197,9 @@ struct ReadCeilings {
 
 impl ReadCeilings {
     fn new(dev: &Device) -> ReadCeilings {
-        let source = ceiling::READ_SOURCE;
+        let source = ceiling::read_source();
         let cache = nvcc::default_cache_dir();
-        let compiled = nvcc::compile(&dev.compiler, source, dev.target, cache.as_deref()).unwrap();
+        let compiled = nvcc::compile(&dev.compiler, &source, dev.target, cache.as_deref()).unwrap();
         ReadCeilings {
             kernels: dev
                 .gpu

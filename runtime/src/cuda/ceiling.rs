@@ -104,10 +104,18 @@ fn sm_count(gpu: &Gpu) -> Result<u32, CudaError> {
     Ok(sms.max(1) as u32)
 }
 
-/// The CUDA source of the read probes, compiled by the caller for the GPU's target
-/// (`glmc_codegen::nvcc::compile`), loaded with [`Gpu::load`] (any [`LaunchMode`]: the probes
-/// always launch programmatically) and handed to [`read_ceiling`] and [`gather_ceiling`].
-pub const READ_SOURCE: &str = include_str!("read_rate.cu");
+/// The CUDA source of the read probes: read_rate.cu after the generated kernels' helpers
+/// (`glmc_codegen::render::COMMON`), whose loads and dependency wait the probes use. Compiled
+/// by the caller for the GPU's target (`glmc_codegen::nvcc::compile`), loaded with
+/// [`Gpu::load`] (any [`LaunchMode`]: the probes always launch programmatically) and handed to
+/// [`read_ceiling`] and [`gather_ceiling`].
+pub fn read_source() -> String {
+    format!(
+        "{}\n{}",
+        glmc_codegen::render::COMMON,
+        include_str!("read_rate.cu")
+    )
+}
 
 /// Bytes of operands a timed kernel rotates through, so that they come from DRAM: twice the
 /// 60 MB L2 issue 14 names. The GPU harness (runtime/tests/gpu_kernels.rs) times glmc's kernels
@@ -194,7 +202,7 @@ pub struct ReadCeiling {
 /// graph as programmatic dependents, each launch issuing its first loads before it waits for
 /// the one before (as the skinny GEMM means to with its weights: read_rate.cu says why its
 /// loads there are coherent ones). The best of [`STREAM_DEPTHS`] × [`BLOCKS_PER_SM`];
-/// `kernels` are [`READ_SOURCE`]'s.
+/// `kernels` are [`read_source`]'s.
 pub fn read_ceiling(
     gpu: &Gpu,
     kernels: &mut Kernels,
@@ -242,6 +250,31 @@ impl Gather {
     /// Bytes an entry that names a cache row reads.
     pub const ENTRY_BYTES: u64 = 1024 + 128;
 
+    /// Its entries (rows × keys), where the probe can read them: below 2^31, with 16-byte
+    /// aligned caches, and enough that, all naming rows, they span [`ROTATION_BYTES`] (the probe
+    /// reads the same keys launch after launch: fewer would stay in L2).
+    fn entries(&self) -> Result<u64, CudaError> {
+        let entries = self.rows * self.keys;
+        let aligned = [self.k1, self.k1_seq_bytes, self.k1_key_bytes]
+            .into_iter()
+            .chain([self.k2, self.k2_seq_bytes, self.k2_key_bytes])
+            .all(|x| x.is_multiple_of(16))
+            && self.topk.is_multiple_of(8);
+        if entries == 0 || entries >= 1 << 31 || !aligned {
+            return Err(CudaError::Artifact(format!(
+                "the gather probe takes 1 to 2^31 entries and 16-byte aligned caches: {self:?}"
+            )));
+        }
+        if entries * Self::ENTRY_BYTES < ROTATION_BYTES as u64 {
+            return Err(CudaError::Artifact(format!(
+                "the gather probe's {entries} entries read at most {} bytes, under the \
+                 {ROTATION_BYTES} that keep them from staying in L2: gather more rows",
+                entries * Self::ENTRY_BYTES
+            )));
+        }
+        Ok(entries)
+    }
+
     fn args(&self) -> Vec<u64> {
         vec![
             self.topk,
@@ -264,30 +297,13 @@ impl Gather {
 /// same keys, so they come from DRAM only if they span twice the L2: the caller sees to that
 /// (its entries ≥ 0 times [`Gather::ENTRY_BYTES`], the bytes it counts, at least
 /// [`ROTATION_BYTES`]); fewer entries than that are refused. The best of [`GATHER_DEPTHS`] ×
-/// [`BLOCKS_PER_SM`]; `kernels` are [`READ_SOURCE`]'s.
+/// [`BLOCKS_PER_SM`]; `kernels` are [`read_source`]'s.
 pub fn gather_ceiling(
     gpu: &Gpu,
     kernels: &mut Kernels,
     gather: &Gather,
 ) -> Result<ReadCeiling, CudaError> {
-    let entries = gather.rows * gather.keys;
-    let aligned = [gather.k1, gather.k1_seq_bytes, gather.k1_key_bytes]
-        .into_iter()
-        .chain([gather.k2, gather.k2_seq_bytes, gather.k2_key_bytes])
-        .all(|x| x.is_multiple_of(16))
-        && gather.topk.is_multiple_of(8);
-    if entries == 0 || entries >= 1 << 31 || !aligned {
-        return Err(CudaError::Artifact(format!(
-            "the gather probe takes 1 to 2^31 entries and 16-byte aligned caches: {gather:?}"
-        )));
-    }
-    if entries * Gather::ENTRY_BYTES < ROTATION_BYTES as u64 {
-        return Err(CudaError::Artifact(format!(
-            "the gather probe's {entries} entries read at most {} bytes, under the {ROTATION_BYTES} \
-             that keep them from staying in L2: gather more rows",
-            entries * Gather::ENTRY_BYTES
-        )));
-    }
+    let entries = gather.entries()?;
     let launches = graph_launches((entries * Gather::ENTRY_BYTES) as usize, 1);
     let args = gather.args();
     fastest(gpu, kernels, "gather", &GATHER_DEPTHS, launches, &|_| {
@@ -496,6 +512,53 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_gather_probe_takes_only_keys_that_do_not_fit_l2() {
+        // GLM-5's top-k: 2048 keys a row at 1152 bytes, 2.25 MiB a row.
+        let aligned = Gather {
+            rows: 64,
+            keys: 2048,
+            topk: 0x10_0000,
+            topk_row: 2048,
+            k1: 0x100_0000,
+            k1_seq_bytes: 32768 * 1024,
+            k1_key_bytes: 1024,
+            k2: 0x200_0000,
+            k2_seq_bytes: 32768 * 128,
+            k2_key_bytes: 128,
+        };
+        // Batch 64 (144 MiB) spans twice the L2; batch 53 (119.25 MiB) does not; batch 8 (the
+        // 18 MiB that read L2 at 4741 GB/s on an H100) is refused.
+        assert_eq!(aligned.entries().unwrap(), 64 * 2048);
+        assert!(Gather {
+            rows: 54,
+            ..aligned
+        }
+        .entries()
+        .is_ok());
+        for rows in [53, 8, 0] {
+            assert!(Gather { rows, ..aligned }.entries().is_err(), "{rows} rows");
+        }
+        assert!(Gather {
+            rows: 1 << 20,
+            ..aligned
+        }
+        .entries()
+        .is_err());
+        assert!(Gather {
+            k2_key_bytes: 136,
+            ..aligned
+        }
+        .entries()
+        .is_err());
+        assert!(Gather {
+            topk: 0x10_0004,
+            ..aligned
+        }
+        .entries()
+        .is_err());
     }
 
     #[test]

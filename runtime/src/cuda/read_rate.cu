@@ -5,13 +5,15 @@
 // fold only if it equals `never`, which the host picks so that it does not: the loads cannot be
 // elided and nothing is written. Every parameter is 8 bytes, so the host passes an array of u64.
 //
-// The loads are those of glmc's skinny GEMM (`ld_stream16` in codegen/templates/common.cuh,
-// without its L2 prefetch hint: a warp here reads 512 contiguous bytes a load), `volatile` so
-// that they issue in program order: a slot's next load right after its previous one arrived
-// (DEPTH loads in flight a thread, rolling).
-typedef long long i64;
+// Compiled after glmc's codegen/templates/common.cuh (`ceiling::read_source`), so the probes
+// wait on the kernel before as glmc's kernels do (`grid_dependency_control`) and issue their
+// loads before the wait as the skinny GEMM does (`ld_early16`).
 typedef unsigned long long u64;
 
+// The skinny GEMM's steady-state load (`ld_stream16` in common.cuh, without its L2 prefetch
+// hint: a warp here reads 512 contiguous bytes a load), but `volatile`, so that the loads issue
+// in program order: a slot's next load right after its previous one arrived (DEPTH loads in
+// flight a thread, rolling).
 __device__ __forceinline__ uint4 ld_read16(const void* p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -20,25 +22,7 @@ __device__ __forceinline__ uint4 ld_read16(const void* p) {
     return v;
 }
 
-// The same load without `.nc`, for the loads before griddepcontrol.wait: ptxas (13.0, sm_90a and
-// sm_120a) places the wait above every `.nc` load, whatever the source order, so a `.nc` load
-// written before the wait is issued after it. A coherent load stays where it is written.
-__device__ __forceinline__ uint4 ld_early16(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ unsigned fold16(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
-
-// As glmc's kernels (`grid_dependency_control`): wait for the kernel before, then let the next
-// one be scheduled. The "memory" clobbers keep plain loads (the top-k list) below the wait.
-__device__ __forceinline__ void grid_dependency_control() {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
 
 // Block b of B reads vectors [vecs·b/B, vecs·(b+1)/B): contiguous spans differing by at most
 // one vector, consecutive threads on consecutive vectors (ceiling.rs's `block_span`).
