@@ -98,6 +98,9 @@ pub struct NodeCtx<'a> {
     /// Whether the absorbed attention keeps to 16 heads a block where 32 would fit
     /// ([`Variant::MlaNarrow`]; the wide kernel shipped).
     pub mla_narrow: bool,
+    /// Whether the absorbed attention takes the few-heads kernel (keys as the MMA's rows, a
+    /// five-stage ring) where a block holds at most 8 heads ([`Variant::MlaFewHeads`]).
+    pub mla_few_heads: bool,
     /// The form of every bf16 `moe.down` at decode ([`Variant::MoeDown`]), or None for the
     /// shipped one by token count ([`shipped_moe_down`]).
     pub moe_down: Option<MoeDown>,
@@ -2132,6 +2135,9 @@ const MLA_SHARED: u32 =
 /// (rows padded by 8), three floats per head and two visibility flags per key.
 const MLA_WIDE_SHARED: u32 =
     (2 * 32 * 584 * 2 + 4 * 32 * 40 * 4 + 32 * 40 * 2 + 3 * 32 * 4 + 2 * 32) as u32;
+/// The few-heads kernel's: five 16-key stages, eight warps' Sᵀ partials of 8 heads (rows padded
+/// by 8) and a visibility flag per key of a stage.
+const MLA_FEW_SHARED: u32 = (5 * 16 * 584 * 2 + 8 * 8 * 24 * 4 + 5 * 16) as u32;
 /// Most context splits per (row, head group): beyond it the merge reads more than a split
 /// computes at GLM-5's top-k of 2048.
 const MLA_MAX_SPLITS: u64 = 128;
@@ -2158,6 +2164,9 @@ pub enum Variant {
     /// The absorbed attention takes 16 heads a block (`mla_absorbed.cu`) also where the wide
     /// kernel's 32 would fit.
     MlaNarrow,
+    /// The absorbed attention takes `mla_absorbed_few.cu` (keys as the MMA's rows, heads as its 8
+    /// columns, five 16-key stages) where a block holds at most 8 heads.
+    MlaFewHeads,
     /// Every bf16 `moe.down` at decode takes this form, whatever its token count
     /// ([`shipped_moe_down`] otherwise).
     MoeDown(MoeDown),
@@ -2214,9 +2223,11 @@ pub fn mla_split_tiers(
 
 /// Blocks of the absorbed attention a target holds at once: the wide kernel one an SM (its 194
 /// registers a thread), the other as many as the SM's shared memory holds.
-fn mla_resident_blocks(target: Target, wide: bool) -> u64 {
+fn mla_resident_blocks(target: Target, wide: bool, few: bool) -> u64 {
     let per_sm = if wide {
         1
+    } else if few {
+        target.blocks_fitting_shared_memory(MLA_FEW_SHARED.into())
     } else {
         target.blocks_fitting_shared_memory(MLA_SHARED.into())
     };
@@ -2294,6 +2305,7 @@ fn mla_absorbed(
         heads.min(MLA_HEAD_TILE)
     };
     let groups = heads / head_tile;
+    let few = cx.mla_few_heads && !wide && head_tile <= 8;
     let topk = if sparse {
         let topk = &ops[5];
         if topk.dtype != DType::I64 {
@@ -2321,7 +2333,7 @@ fn mla_absorbed(
         groups,
         max_rows,
         max_splits,
-        mla_resident_blocks(cx.target, wide),
+        mla_resident_blocks(cx.target, wide, few),
     );
     let part_elements = tiers
         .iter()
@@ -2345,6 +2357,10 @@ fn mla_absorbed(
         let direct = tier.splits == 1;
         let mut b = if wide {
             spec("mla_absorbed_wide", MLA_THREADS).shared(MLA_WIDE_SHARED, true)
+        } else if few {
+            spec("mla_absorbed_few", MLA_THREADS)
+                .param("hg", head_tile)
+                .shared(MLA_FEW_SHARED, true)
         } else {
             spec("mla_absorbed", MLA_THREADS)
                 .param("hg", head_tile)

@@ -779,6 +779,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                     _ => MLA_SPARSE_TILES_PER_SPLIT,
                 },
                 mla_narrow: st.variant == Some(Variant::MlaNarrow),
+                mla_few_heads: st.variant == Some(Variant::MlaFewHeads),
                 moe_down: match st.variant {
                     Some(Variant::MoeDown(f)) => Some(f),
                     _ => None,

@@ -43,9 +43,14 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("matmul", include_str!("../templates/matmul.cu")),
     ("mla_absorbed", include_str!("../templates/mla_absorbed.cu")),
     (
+        "mla_absorbed_few",
+        include_str!("../templates/mla_absorbed_few.cu"),
+    ),
+    (
         "mla_absorbed_wide",
         include_str!("../templates/mla_absorbed_wide.cu"),
     ),
+    ("mla_block.cuh", include_str!("../templates/mla_block.cuh")),
     ("mla_head.cuh", include_str!("../templates/mla_head.cuh")),
     ("mla_keys.cuh", include_str!("../templates/mla_keys.cuh")),
     ("mla_out.cuh", include_str!("../templates/mla_out.cuh")),

@@ -27,7 +27,7 @@
 // scheduler, the warps waiting on the ring (long scoreboard, 2.0 cycles an instruction),
 // fixed-latency MMA and ldmatrix chains (1.8, 1.0) and the four barriers a tile (0.9).
 {% include "mla_head.cuh" %}
-    constexpr int D1 = 512, D = D1 + 64, LDK = D + 8, VECS = D / 8;
+    constexpr int D1 = 512, D = D1 + 64, LDK = D + 8;
     constexpr int HEADS = {{ heads }}, HG = 32, GROUPS = HEADS / HG, MI = 2, ROW_LANES = 8;
     constexpr int BN = 32, LDP = BN + 8, LDS = BN + 8, QUARTER = D / 4, KSTEPS = QUARTER / 16, THREADS = 256;
     static_assert(HEADS % HG == 0 && QUARTER % 16 == 0, "32-head groups, k steps within a quarter");

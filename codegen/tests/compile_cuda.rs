@@ -21,15 +21,15 @@ fn compiler() -> nvcc::Compiler {
 }
 
 /// Lowers `module` for `target` with `variant`, keeps the kernels of `templates`, compiles them
-/// and checks each has no local memory and fits SM120's shared memory; returns how many there
-/// were.
+/// and checks each has no local memory and fits SM120's shared memory; returns ptxas's account
+/// of each.
 fn variant_compiles(
     nvcc: &nvcc::Compiler,
     module: &glmc_ir::Module,
     target: Target,
     variant: Variant,
     templates: &[&str],
-) -> usize {
+) -> Vec<nvcc::KernelUsage> {
     let mut l = lower_module_with(module, target, LIMITS, variant).unwrap();
     l.kernels
         .retain(|k| templates.contains(&k.template.as_str()));
@@ -37,20 +37,23 @@ fn variant_compiles(
     let compiled = nvcc::compile(nvcc, &source, target, nvcc::default_cache_dir().as_deref())
         .unwrap_or_else(|e| panic!("{variant:?} for {target}: {e}"));
     let usage = parse_ptxas(&compiled.ptxas);
-    for k in &l.kernels {
-        let u = usage.iter().find(|u| u.name == k.name).unwrap();
-        println!("{variant:?} {target}: {u}");
-        assert_eq!(
-            (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
-            (0, 0, 0),
-            "{variant:?} {target}: {u}"
-        );
-        assert!(
-            k.shared_bytes <= target.tile_shared_memory_limit(),
-            "{variant:?}: {u}"
-        );
-    }
-    l.kernels.len()
+    l.kernels
+        .iter()
+        .map(|k| {
+            let u = usage.iter().find(|u| u.name == k.name).unwrap().clone();
+            println!("{variant:?} {target}: {u}");
+            assert_eq!(
+                (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
+                (0, 0, 0),
+                "{variant:?} {target}: {u}"
+            );
+            assert!(
+                k.shared_bytes <= target.tile_shared_memory_limit(),
+                "{variant:?}: {u}"
+            );
+            u
+        })
+        .collect()
 }
 
 #[test]
@@ -116,7 +119,9 @@ fn every_tiled_gemm_variant_compiles_without_local_memory() {
         .chain(DECODE_GEMM_VARIANTS.map(Variant::DecodeGemm));
     for target in [Target::Sm120a, Target::Sm90a] {
         for v in variants.clone() {
-            assert!(variant_compiles(&nvcc, &glm5, target, v, &["gemm_mma", "gemm_skinny"]) > 0);
+            assert!(
+                !variant_compiles(&nvcc, &glm5, target, v, &["gemm_mma", "gemm_skinny"]).is_empty()
+            );
         }
     }
 }
@@ -132,7 +137,7 @@ fn every_moe_down_form_compiles_without_local_memory() {
         for form in std::iter::once(MoeDown::Stream(MOE_DOWN)).chain(MOE_DOWN_VARIANTS) {
             let v = Variant::MoeDown(form);
             let templates = ["moe_down_stream", "moe_gemm_skinny"];
-            assert!(variant_compiles(&nvcc, &glm5, target, v, &templates) > 0);
+            assert!(!variant_compiles(&nvcc, &glm5, target, v, &templates).is_empty());
         }
     }
 }
@@ -149,7 +154,7 @@ fn every_score_ring_compiles_without_local_memory() {
         for ring in std::iter::once(SCORE_DECODE_RING).chain(SCORE_RING_VARIANTS) {
             let v = Variant::ScoreRing(ring);
             assert_eq!(
-                variant_compiles(&nvcc, &glm5, target, v, &["dsa_score_decode"]),
+                variant_compiles(&nvcc, &glm5, target, v, &["dsa_score_decode"]).len(),
                 1
             );
         }
@@ -350,6 +355,30 @@ fn glm5_absorbed_attention_compiles_for_64_and_8_heads_without_local_memory() {
             if !u.name.contains("wide") {
                 assert!(u.registers <= 128, "{target}: {u}");
             }
+        }
+    }
+}
+
+/// The few-heads attention kernel (`Variant::MlaFewHeads`, which the attention test times) takes
+/// a TP=8 rank's 8 heads, both phases, and compiles for both targets with no local memory, within
+/// SM120's shared memory and at most 128 registers (two blocks an SM of an H200).
+#[test]
+fn the_few_heads_attention_compiles_for_a_rank_without_local_memory() {
+    let nvcc = compiler();
+    let (_, m) = common::module("glm5.ron");
+    let rank = glmc_passes::partition(&m, 8).unwrap().remove(0);
+    for target in [Target::Sm120a, Target::Sm90a] {
+        let usage = variant_compiles(
+            &nvcc,
+            &rank,
+            target,
+            Variant::MlaFewHeads,
+            &["mla_absorbed_few"],
+        );
+        // Decode, split and unsplit, and the prefill's.
+        assert_eq!(usage.len(), 3, "{target}");
+        for u in usage {
+            assert!(u.registers <= 128, "{target}: {u}");
         }
     }
 }

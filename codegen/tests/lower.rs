@@ -979,8 +979,9 @@ fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
 }
 
 /// Every kernel the shipped models generate, in every dtype, with dense attention, a greedy
-/// head, a tensor-parallel rank or the `moe.experts` baseline too, waits for the kernel before it first: the runtime launches them as
-/// programmatic dependents. Together the models reach every template, so a template added
+/// head, a tensor-parallel rank (also with the few-heads attention the attention test times) or
+/// the `moe.experts` baseline too, waits for the kernel before it first: the runtime launches
+/// them as programmatic dependents. Together the models reach every template, so a template added
 /// without the wait fails here even before it is first used.
 #[test]
 fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
@@ -1016,9 +1017,29 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
         "tiny-sparse.ron without fuse-cache-update".into(),
         common::module_without("tiny-sparse.ron", &["fuse-cache-update"]),
     ));
+    let rank = &modules
+        .iter()
+        .find(|(n, _)| n == "glm5.ron rank 0 of 8")
+        .unwrap()
+        .1;
     let mut reached = std::collections::BTreeSet::new();
-    for (name, m) in &modules {
-        let mut l = lower_module(m, Target::Sm120, LIMITS).unwrap();
+    let few = glmc_codegen::lower_module_with(
+        rank,
+        Target::Sm120,
+        LIMITS,
+        glmc_codegen::Variant::MlaFewHeads,
+    )
+    .unwrap();
+    let lowered = modules
+        .iter()
+        .map(|(name, m)| {
+            (
+                name.clone(),
+                lower_module(m, Target::Sm120, LIMITS).unwrap(),
+            )
+        })
+        .chain([("glm5.ron rank 0 of 8, few heads".to_string(), few)]);
+    for (name, mut l) in lowered {
         assert!(l.programmatic_launch, "{name}");
         // The 16-row skinny GEMMs as the persistent template too: the lowering picks it for a
         // short K over many tiles only (kernels.rs: SKINNY_GEMM_16_STREAMED), the skinny sweep

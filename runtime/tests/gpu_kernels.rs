@@ -2993,8 +2993,9 @@ const MLA_WAVE_TILES_PER_SPLIT_VARIANTS: [u64; 2] = [32, 64];
 /// against dense attention, and a 4096-token sparse prefill. Where the interpreter would take
 /// minutes (batch 64 × 32768, the prefill) it checks sampled rows, and batch 64 × 32768 is also
 /// compared in full with the baseline kernel (the same values in f32, which the baseline takes).
-/// Other split lengths at a few rows, and the 16-head kernel where 64 heads take the wide one, are
-/// timed against the shipped choice and checked the same way. Timed by `run_on_gpu`; written to
+/// Other split lengths at a few rows, the 16-head kernel where 64 heads take the wide one, and at
+/// 8 heads the few-heads kernel (`mla_absorbed_few.cu`), are timed against the shipped choice and
+/// checked the same way. Timed by `run_on_gpu`; written to
 /// `attention.md` (and `attention.json`, for `bench/render.py`) with the roofline: the bytes (each
 /// row's visible keys at 1152 bytes, the prefill's cache once, queries and outputs) at the copy
 /// bandwidth measured here, or the FLOPs (2 · heads · (576 + 512) per visible key) at the mma.sync
@@ -3309,7 +3310,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         // a key tile or two each and the merge reads all of them: other split lengths are timed
         // against the shipped one, each checked against the interpreter, and at batch 64 fewer
         // splits; so is the narrow kernel (16 heads a block) where the heads take the wide one
-        // on many rows.
+        // on many rows, and the few-heads kernel wherever a block holds 8 heads.
         let tiles_per_split: &[u64] = match c.rows {
             ..=8 if listed => &MLA_TILES_PER_SPLIT_VARIANTS,
             64.. if listed && c.context == 32768 => &MLA_WAVE_TILES_PER_SPLIT_VARIANTS,
@@ -3326,6 +3327,9 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             .collect();
         if kernels.contains("mla_absorbed_wide") && c.rows >= 64 && c.context >= 2048 {
             variants.push(("16 heads a block".into(), Variant::MlaNarrow));
+        }
+        if c.heads <= 8 {
+            variants.push(("keys as rows, five stages".into(), Variant::MlaFewHeads));
         }
         for (label, variant) in &variants {
             let lower = |m: &Module, t, l| lower_module_with(m, t, l, *variant).unwrap();

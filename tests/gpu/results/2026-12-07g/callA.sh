@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Device call A of the nineteenth session of 2026-12-07, whose seventeen tries found no machine
+# (tests/gpu/README.md). Built here from the tree of the commit that adds this script: main's
+# kernels (the skinny GEMMs' and norms' weights read before the programmatic-launch wait, which
+# has run only on an H100) and the few-heads attention kernel as a lowering variant
+# (`mla_absorbed_few.cu`, Variant::MlaFewHeads, which the attention test times beside the shipped
+# kernel at every 8-head case): `cargo build --release --locked --bin glmc` into DIR/glmc, the
+# executables of `cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test
+# oracle --no-run` into DIR/gpu_kernels and DIR/oracle; all stripped, packed by `tar cf - -C DIR .
+# | xz -T2 -6 > .gpu/pack.tar.xz`; the call carries `.gpu`.
+#
+# On an H200 (where issue 14's targets are judged): `scripts/bench-gpu.sh run attention` (the
+# new kernel against the shipped one), `run gemv` and `run glmc`, the tiny-model kernel harness
+# beside the oracle and `run indexer`, each given what is left of BUDGET seconds (default 570).
+# On an H100, whose numbers for main are already recorded (2026-12-07f): `run attention`, then
+# Nsight Compute for the kernel work: the shipped absorbed attention at 8 heads (the slice with
+# num_attention_heads 8, batch 64 × 32k) and the skinny GEMMs of one layer at batch 8, with their
+# source pages for scripts/ncu_stalls.py.
+. tests/gpu/call-preamble.sh
+budget=${BUDGET:-570}
+left() { echo $((budget - (SECONDS - t0))); }
+bench() { # NAME SECONDS: skipped unless more than SECONDS are left (about what it needs)
+    [ "$(left)" -gt "$2" ] || return 0
+    OUT="$R/$1" BENCH_RESULTS=/nonexistent timeout "$(left)" scripts/bench-gpu.sh run "$1" >"$R/$1.txt" 2>&1
+    log "$1" $?
+}
+if on_h200; then
+    bench attention 30
+    bench gemv 120
+    bench glmc 50
+    if [ "$(left)" -gt 120 ]; then
+        mkdir -p "$R/h" "$R/o"
+        ( GLMC_GPU_OUT="$R/h" timeout 110 .gpu/gpu_kernels --ignored --nocapture --exact \
+            every_kernel_instance_matches_the_interpreter >"$R/harness.txt" 2>&1; log harness $? ) &
+        GLMC_GPU_OUT="$R/o" timeout 110 .gpu/oracle --ignored --nocapture --test-threads=1 cuda_matches_every_fixture \
+            cuda_graphs_decode >"$R/oracle.txt" 2>&1; log oracle $?
+        wait
+        pkill -x glmc
+    fi
+    bench indexer 20
+else
+    bench attention 30
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    S="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters"
+    sed 's/num_attention_heads: 64/num_attention_heads: 8/' models/glm5-slice.ron >/tmp/slice8.ron
+    profile() { # NAME REGEX COUNT BATCH CONTEXT MODEL
+        [ "$(left)" -gt 40 ] || return 0
+        timeout $(($(left) - 20)) $NCU --clock-control none -k "regex:$2" --launch-count "$3" $S -f -o "/tmp/$1" \
+            .gpu/glmc bench "$6" --device cuda --random-weights 1 --batch "$4" --context "$5" \
+            --prefill 0 --attention sparse --steps 1 --warmup 0 >"$R/$1-run.txt" 2>&1; log "$1" $?
+        $NCU -i "/tmp/$1.ncu-rep" --page details >"$R/$1.txt" 2>&1
+        $NCU -i "/tmp/$1.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$R/$1-sass.csv.gz"
+    }
+    profile attn8 glmc_mla_absorbed 1 64 32768 /tmp/slice8.ron
+    profile skinny glmc_gemm_skinny 12 8 1024 models/glm5-slice.ron
+fi
