@@ -71,6 +71,11 @@ def num(x, digits=1):
     return DASH if x is None else f"{x:,.{digits}f}"
 
 
+def read_cells(read_us, time_us):
+    """The read ceiling's time and its share of the measured time: dashes where none was measured."""
+    return [num(read_us), pct(None if read_us is None else read_us / time_us)]
+
+
 def table(header, rows):
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -457,7 +462,7 @@ def attention_section(docs):
         ["case", "heads", "context", "kernels", "us", "GB/s", "of roofline", "read us", "of read"],
         lambda d, c: [c["case"], c["heads"], c["context"], c["kernels"]]
         + rates(d, c)
-        + [num(c.get("read_us")), pct(None if c.get("read_us") is None else c["read_us"] / c["time_us"])],
+        + read_cells(c.get("read_us"), c["time_us"]),
         lambda c: c["phase"] == "decode" and c["rows"] == ATTENTION_ROWS,
     )
 
@@ -504,7 +509,6 @@ def gemv_section(docs):
         for s in d["shapes"]:
             if s["phase"] != "decode":
                 continue
-            read = s.get("read_us")
             rows.append(
                 [
                     s["rows"],
@@ -513,8 +517,7 @@ def gemv_section(docs):
                     num(weight_bytes(s) / 2**20),
                     num(s["glmc_us"]),
                     pct(gemv_fraction(s, d["copy_gbs"])),
-                    num(read),
-                    pct(None if read is None else read / s["glmc_us"]),
+                    *read_cells(s.get("read_us"), s["glmc_us"]),
                     num(s["torch_us"]),
                     num(s["glmc_us"] / s["torch_us"], 2),
                 ]

@@ -2222,14 +2222,13 @@ pub fn mla_split_tiers(
 }
 
 /// Blocks of the absorbed attention a target holds at once: the wide kernel one an SM (its 194
-/// registers a thread), the other as many as the SM's shared memory holds.
-fn mla_resident_blocks(target: Target, wide: bool, few: bool) -> u64 {
+/// registers a thread), the others as many as the SM's shared memory holds of their `shared`
+/// bytes.
+fn mla_resident_blocks(target: Target, wide: bool, shared: u32) -> u64 {
     let per_sm = if wide {
         1
-    } else if few {
-        target.blocks_fitting_shared_memory(MLA_FEW_SHARED.into())
     } else {
-        target.blocks_fitting_shared_memory(MLA_SHARED.into())
+        target.blocks_fitting_shared_memory(shared.into())
     };
     u64::from(target.sm_count()) * per_sm
 }
@@ -2305,7 +2304,13 @@ fn mla_absorbed(
         heads.min(MLA_HEAD_TILE)
     };
     let groups = heads / head_tile;
-    let few = cx.mla_few_heads && !wide && head_tile <= 8;
+    let (template, shared) = if wide {
+        ("mla_absorbed_wide", MLA_WIDE_SHARED)
+    } else if cx.mla_few_heads && head_tile <= 8 {
+        ("mla_absorbed_few", MLA_FEW_SHARED)
+    } else {
+        ("mla_absorbed", MLA_SHARED)
+    };
     let topk = if sparse {
         let topk = &ops[5];
         if topk.dtype != DType::I64 {
@@ -2333,7 +2338,7 @@ fn mla_absorbed(
         groups,
         max_rows,
         max_splits,
-        mla_resident_blocks(cx.target, wide, few),
+        mla_resident_blocks(cx.target, wide, shared),
     );
     let part_elements = tiers
         .iter()
@@ -2355,19 +2360,11 @@ fn mla_absorbed(
             at_most: tier.at_most.map(|m| m as i64),
         });
         let direct = tier.splits == 1;
-        let mut b = if wide {
-            spec("mla_absorbed_wide", MLA_THREADS).shared(MLA_WIDE_SHARED, true)
-        } else if few {
-            spec("mla_absorbed_few", MLA_THREADS)
-                .param("hg", head_tile)
-                .shared(MLA_FEW_SHARED, true)
-        } else {
-            spec("mla_absorbed", MLA_THREADS)
-                .param("hg", head_tile)
-                .shared(MLA_SHARED, true)
+        let mut b = spec(template, MLA_THREADS).shared(shared, true);
+        if !wide {
+            b = b.param("hg", head_tile);
         }
-        .param("sparse", sparse)
-        .param("direct", direct);
+        b = b.param("sparse", sparse).param("direct", direct);
         let mut args = if direct {
             vec![
                 cx.ptr("out", out),

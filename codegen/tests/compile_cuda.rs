@@ -313,9 +313,10 @@ fn weights_read_before_the_wait_are_issued_before_it() {
     }
 }
 
-/// The tensor-core absorbed attention of GLM-5 at TP=1 (64 heads, 4 groups of 16 a block) and
-/// at TP=8 (8 heads a rank, one half-empty m16 tile), with its merge: no local memory, and few
-/// enough registers (≤ 128 a thread) that an H200 holds two blocks an SM.
+/// The tensor-core absorbed attention of GLM-5 at TP=1 (64 heads, the wide kernel's 2 groups of
+/// 32 a block) and at TP=8 (8 heads a rank, one half-empty m16 tile), with its merge: no local
+/// memory, and, but for the wide kernel (one block an SM), few enough registers (≤ 128 a
+/// thread) that an H200 holds two blocks an SM.
 #[test]
 fn glm5_absorbed_attention_compiles_for_64_and_8_heads_without_local_memory() {
     let nvcc = compiler();

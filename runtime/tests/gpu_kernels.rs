@@ -3219,14 +3219,16 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         drop(run);
         let listed = c.sparse && c.context > c.dense_until as usize && !prefill;
         // The gather ceiling of a batch's top-k keys (`ceiling::gather_ceiling`): a kernel that
-        // only reads the keys the lists name (1152 bytes each), timed the same way.
-        // Only where the listed keys span twice the L2: the probe reads the same keys launch
-        // after launch, so fewer would come from L2, not DRAM, where the kernel's rotated
-        // copies do not.
-        let named = ins[5].as_i64().unwrap().iter().filter(|&&j| j >= 0).count() as u64;
-        let gathered = named * Gather::ENTRY_BYTES;
-        let from_dram = gathered >= ceiling::ROTATION_BYTES as u64;
-        let read = (listed && !c.ragged && from_dram).then(|| {
+        // only reads the keys the lists name (1152 bytes each), timed the same way. Only for a
+        // case with lists (ins[5]: a dense one has none) whose listed keys span twice the L2:
+        // the probe reads the same keys launch after launch, so fewer would come from L2, not
+        // DRAM, where the kernel's rotated copies do not.
+        let gathered = (listed && !c.ragged).then(|| {
+            let named = ins[5].as_i64().unwrap().iter().filter(|&&j| j >= 0).count() as u64;
+            named * Gather::ENTRY_BYTES
+        });
+        let from_dram = gathered.filter(|&g| g >= ceiling::ROTATION_BYTES as u64);
+        let read = from_dram.map(|gathered| {
             let upload = |t: &Tensor, dtype| dev.gpu.upload(&t.to_bytes(dtype).unwrap()).unwrap();
             let (k1, k2, topk) = (
                 upload(&ins[2], DType::BF16),

@@ -15,3 +15,26 @@ on_h200() { grep -q H200 "$R/times.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >>"$R/times.txt"
 tar xJf .gpu/pack.tar.xz -C .gpu
 log unpack $?
+# What is left of the call's BUDGET seconds (default 570), which the caller sets below the device
+# time left, so that the record is tarred before the call's limit.
+budget=${BUDGET:-570}
+left() { echo $((budget - (SECONDS - t0))); }
+# `scripts/bench-gpu.sh run NAME` into $R/NAME, given what is left; skipped unless more than
+# SECONDS (about what it needs) are.
+bench() { # NAME SECONDS
+    [ "$(left)" -gt "$2" ] || return 0
+    OUT="$R/$1" BENCH_RESULTS=/nonexistent timeout "$(left)" scripts/bench-gpu.sh run "$1" >"$R/$1.txt" 2>&1
+    log "$1" $?
+}
+# The tiny-model kernel harness beside the oracle (every kernel instance and fixture against the
+# interpreter and transformers, and the CUDA-graph decode), 110 s each at most, into $R/h, $R/o.
+harness_and_oracle() {
+    [ "$(left)" -gt 120 ] || return 0
+    mkdir -p "$R/h" "$R/o"
+    ( GLMC_GPU_OUT="$R/h" timeout 110 .gpu/gpu_kernels --ignored --nocapture --exact \
+        every_kernel_instance_matches_the_interpreter >"$R/harness.txt" 2>&1; log harness $? ) &
+    GLMC_GPU_OUT="$R/o" timeout 110 .gpu/oracle --ignored --nocapture --test-threads=1 cuda_matches_every_fixture \
+        cuda_graphs_decode >"$R/oracle.txt" 2>&1; log oracle $?
+    wait
+    pkill -x glmc
+}

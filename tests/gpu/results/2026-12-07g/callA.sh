@@ -17,26 +17,11 @@
 # num_attention_heads 8, batch 64 × 32k) and the skinny GEMMs of one layer at batch 8, with their
 # source pages for scripts/ncu_stalls.py.
 . tests/gpu/call-preamble.sh
-budget=${BUDGET:-570}
-left() { echo $((budget - (SECONDS - t0))); }
-bench() { # NAME SECONDS: skipped unless more than SECONDS are left (about what it needs)
-    [ "$(left)" -gt "$2" ] || return 0
-    OUT="$R/$1" BENCH_RESULTS=/nonexistent timeout "$(left)" scripts/bench-gpu.sh run "$1" >"$R/$1.txt" 2>&1
-    log "$1" $?
-}
 if on_h200; then
     bench attention 30
     bench gemv 120
     bench glmc 50
-    if [ "$(left)" -gt 120 ]; then
-        mkdir -p "$R/h" "$R/o"
-        ( GLMC_GPU_OUT="$R/h" timeout 110 .gpu/gpu_kernels --ignored --nocapture --exact \
-            every_kernel_instance_matches_the_interpreter >"$R/harness.txt" 2>&1; log harness $? ) &
-        GLMC_GPU_OUT="$R/o" timeout 110 .gpu/oracle --ignored --nocapture --test-threads=1 cuda_matches_every_fixture \
-            cuda_graphs_decode >"$R/oracle.txt" 2>&1; log oracle $?
-        wait
-        pkill -x glmc
-    fi
+    harness_and_oracle
     bench indexer 20
 else
     bench attention 30
