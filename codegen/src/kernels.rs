@@ -101,6 +101,9 @@ pub struct NodeCtx<'a> {
     /// Whether the absorbed attention takes the few-heads kernel (keys as the MMA's rows, a
     /// five-stage ring) where a block holds at most 8 heads ([`Variant::MlaFewHeads`]).
     pub mla_few_heads: bool,
+    /// Whether the wide absorbed attention computes its scores with the keys as the MMA's rows
+    /// ([`Variant::MlaWideKeyRows`]).
+    pub mla_wide_key_rows: bool,
     /// The form of every bf16 `moe.down` at decode ([`Variant::MoeDown`]), or None for the
     /// shipped one by token count ([`shipped_moe_down`]).
     pub moe_down: Option<MoeDown>,
@@ -2167,6 +2170,10 @@ pub enum Variant {
     /// The absorbed attention takes `mla_absorbed_few.cu` (keys as the MMA's rows, heads as its 8
     /// columns, five 16-key stages) where a block holds at most 8 heads.
     MlaFewHeads,
+    /// The wide absorbed attention (`mla_absorbed_wide.cu`) computes Sᵀ = K·Qᵀ, keys as the
+    /// MMA's rows and its 32 heads as four 8-column tiles, so that each key is read from shared
+    /// memory once for S, not once per 16-head half.
+    MlaWideKeyRows,
     /// Every bf16 `moe.down` at decode takes this form, whatever its token count
     /// ([`shipped_moe_down`] otherwise).
     MoeDown(MoeDown),
@@ -2361,9 +2368,11 @@ fn mla_absorbed(
         });
         let direct = tier.splits == 1;
         let mut b = spec(template, MLA_THREADS).shared(shared, true);
-        if !wide {
-            b = b.param("hg", head_tile);
-        }
+        b = if wide {
+            b.param("key_rows", cx.mla_wide_key_rows)
+        } else {
+            b.param("hg", head_tile)
+        };
         b = b.param("sparse", sparse).param("direct", direct);
         let mut args = if direct {
             vec![

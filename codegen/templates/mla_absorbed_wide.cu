@@ -26,6 +26,13 @@
 // (calls A and B) finds the block latency-bound: an instruction issued every 5 cycles a
 // scheduler, the warps waiting on the ring (long scoreboard, 2.0 cycles an instruction),
 // fixed-latency MMA and ldmatrix chains (1.8, 1.0) and the four barriers a tile (0.9).
+//
+// key_rows (Variant::MlaWideKeyRows, timed by the attention test, not shipped): S is computed as
+// Sᵀ = K·Qᵀ, warp w taking keys (w % 2)·16.. of the tile over dims (w / 2)·144.. for all 32
+// heads, with Qᵀ's B fragments in registers (72 a thread, against 36 for the A fragments above):
+// each key is then read from shared memory once for S instead of once per 16-head half (37 KiB
+// a tile less, of about 190), and a warp issues 9 ldmatrix a tile for S instead of 18. The score
+// partials, the softmax and O are the same.
 {% include "mla_head.cuh" %}
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8;
     constexpr int HEADS = {{ heads }}, HG = 32, GROUPS = HEADS / HG, MI = 2, ROW_LANES = 8;
@@ -44,11 +51,34 @@
     unsigned char* const visible = reinterpret_cast<unsigned char*>(lmax + HG);
 
 {% include "mla_keys.cuh" %}
+{%- if key_rows %}
+    const int kh = warp & 1, kq = warp >> 1;
+{%- else %}
     const int ms = warp & 1, kq = warp >> 1;
+{%- endif %}
 
     // The ring's first two tiles are on their way before the queries are read.
     ring_start();
-
+{% if key_rows %}
+    // Qᵀ's B fragments of heads nt·8 + g over dims kq·144 + i·16.., read from global memory once:
+    // b0 the dims 2·t4 and 2·t4 + 1, b1 those 8 further.
+    unsigned qb[KSTEPS][HG / 8][2];
+    {
+#pragma unroll
+        for (int nt = 0; nt < HG / 8; ++nt) {
+            const i64 h = group * HG + nt * 8 + g;
+#pragma unroll
+            for (int i = 0; i < KSTEPS; ++i)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int c = kq * QUARTER + i * 16 + half * 8 + t4 * 2;
+                    const bf16* const p = c < D1 ? q1 + row * q1_row + h * q1_head + c
+                                                 : q2 + row * q2_row + h * q2_head + (c - D1);
+                    qb[i][nt][half] = *reinterpret_cast<const unsigned*>(p);
+                }
+        }
+    }
+{%- else %}
     // The A fragments of heads ms·16 + g (and + 8) over dims kq·144 + i·16.., read from global
     // memory once: a0/a1 the first 8 dims of rows g and g + 8, a2/a3 the next 8.
     unsigned qa[KSTEPS][4];
@@ -68,6 +98,7 @@
             qa[i][3] = *reinterpret_cast<const unsigned*>(p + h8 + 8);
         }
     }
+{%- endif %}
 
     float o[MI][8][4];
     zero_tiles(o);
@@ -80,6 +111,35 @@
         cp_async_wait<1>();
         __syncthreads();
         const bf16* const kt = ks + s * BN * LDK;
+{%- if key_rows %}
+        {
+            float acc[HG / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < HG / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+            // a[i % 2]: k step i's A fragment of keys kh·16.., read before the previous step's MMAs.
+            unsigned a[2][4];
+            const unsigned ka = smem_addr(kt + (kh * 16 + (lane & 15)) * LDK + kq * QUARTER + (lane >> 4) * 8);
+            ldmatrix_x4(a[0], ka);
+#pragma unroll
+            for (int i = 0; i < KSTEPS; ++i) {
+                if (i + 1 < KSTEPS) ldmatrix_x4(a[(i + 1) & 1], ka + (i + 1) * 32);
+#pragma unroll
+                for (int nt = 0; nt < HG / 8; ++nt) mma_bf16(acc[nt], a[i & 1], qb[i][nt][0], qb[i][nt][1]);
+            }
+            // acc[nt]: keys kh·16 + g and + 8 (rows), heads nt·8 + 2·t4 and + 1 (columns), stored
+            // head-major as the softmax reads them.
+            float* const q = sp + (kq * HG + 2 * t4) * LDS + kh * 16 + g;
+#pragma unroll
+            for (int nt = 0; nt < HG / 8; ++nt) {
+                q[nt * 8 * LDS] = acc[nt][0];
+                q[(nt * 8 + 1) * LDS] = acc[nt][1];
+                q[nt * 8 * LDS + 8] = acc[nt][2];
+                q[(nt * 8 + 1) * LDS + 8] = acc[nt][3];
+            }
+        }
+{%- else %}
         {
             float acc[4][4];
 #pragma unroll
@@ -111,6 +171,7 @@
                 *reinterpret_cast<float2*>(q + 8 * LDS + nt * 8) = make_float2(acc[nt][2], acc[nt][3]);
             }
         }
+{%- endif %}
         __syncthreads();
         {
             float x[4] = {0.f, 0.f, 0.f, 0.f};

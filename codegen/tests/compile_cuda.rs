@@ -384,6 +384,26 @@ fn the_few_heads_attention_compiles_for_a_rank_without_local_memory() {
     }
 }
 
+/// The wide attention with the keys as its score MMA's rows (`Variant::MlaWideKeyRows`, which the
+/// attention test times) takes GLM-5's 64 heads, both phases, and compiles for both targets with
+/// no local memory and within SM120's shared memory.
+#[test]
+fn the_wide_key_rows_attention_compiles_without_local_memory() {
+    let nvcc = compiler();
+    let (_, m) = common::module("glm5.ron");
+    for target in [Target::Sm120a, Target::Sm90a] {
+        let usage = variant_compiles(
+            &nvcc,
+            &m,
+            target,
+            Variant::MlaWideKeyRows,
+            &["mla_absorbed_wide"],
+        );
+        // Decode, split and unsplit, and the prefill's.
+        assert_eq!(usage.len(), 3, "{target}");
+    }
+}
+
 /// The kernels of a greedy build's `matmul.argmax` (the slot clearing and finishing kernels,
 /// and the skinny GEMM and the GEMV with the argmax epilogue) at the tiny and GLM-5 sizes, in
 /// bf16 and f32: no local memory on either target.

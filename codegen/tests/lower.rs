@@ -979,8 +979,8 @@ fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
 }
 
 /// Every kernel the shipped models generate, in every dtype, with dense attention, a greedy
-/// head, a tensor-parallel rank (also with the few-heads attention the attention test times) or
-/// the `moe.experts` baseline too, waits for the kernel before it first: the runtime launches
+/// head, a tensor-parallel rank (also with the few-heads attention the attention test times),
+/// the wide attention's keys-as-rows form or the `moe.experts` baseline too, waits for the kernel before it first: the runtime launches
 /// them as programmatic dependents. Together the models reach every template, so a template added
 /// without the wait fails here even before it is first used.
 #[test]
@@ -1022,14 +1022,15 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
         .find(|(n, _)| n == "glm5.ron rank 0 of 8")
         .unwrap()
         .1;
+    let glm5 = &modules
+        .iter()
+        .find(|(n, _)| n == "glm5.ron bf16")
+        .unwrap()
+        .1;
     let mut reached = std::collections::BTreeSet::new();
-    let few = glmc_codegen::lower_module_with(
-        rank,
-        Target::Sm120,
-        LIMITS,
-        glmc_codegen::Variant::MlaFewHeads,
-    )
-    .unwrap();
+    let variant = |m, v| glmc_codegen::lower_module_with(m, Target::Sm120, LIMITS, v).unwrap();
+    let few = variant(rank, glmc_codegen::Variant::MlaFewHeads);
+    let key_rows = variant(glm5, glmc_codegen::Variant::MlaWideKeyRows);
     let lowered = modules
         .iter()
         .map(|(name, m)| {
@@ -1038,7 +1039,10 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
                 lower_module(m, Target::Sm120, LIMITS).unwrap(),
             )
         })
-        .chain([("glm5.ron rank 0 of 8, few heads".to_string(), few)]);
+        .chain([
+            ("glm5.ron rank 0 of 8, few heads".to_string(), few),
+            ("glm5.ron bf16, wide key rows".to_string(), key_rows),
+        ]);
     for (name, mut l) in lowered {
         assert!(l.programmatic_launch, "{name}");
         // The 16-row skinny GEMMs as the persistent template too: the lowering picks it for a

@@ -13,8 +13,9 @@
 # new kernel against the shipped one), `run gemv` and `run glmc`, the tiny-model kernel harness
 # beside the oracle and `run indexer`, each given what is left of BUDGET seconds (default 570).
 # On an H100, whose numbers for main are already recorded (2026-12-07f): `run attention`, then
-# Nsight Compute for the kernel work: the shipped absorbed attention at 8 heads (the slice with
-# num_attention_heads 8, batch 64 × 32k) and the skinny GEMMs of one layer at batch 8, with their
+# Nsight Compute for the kernel work: the shipped absorbed attention at 64 heads (the wide kernel,
+# batch 64 × 32k; the twentieth session put it here in place of the 8-head one, whose few-heads
+# successor the attention test times) and the skinny GEMMs of one layer at batch 8, with their
 # source pages for scripts/ncu_stalls.py.
 . tests/gpu/call-preamble.sh
 if on_h200; then
@@ -27,7 +28,6 @@ else
     bench attention 30
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
     S="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters"
-    sed 's/num_attention_heads: 64/num_attention_heads: 8/' models/glm5-slice.ron >/tmp/slice8.ron
     profile() { # NAME REGEX COUNT BATCH CONTEXT MODEL
         [ "$(left)" -gt 40 ] || return 0
         timeout $(($(left) - 20)) $NCU --clock-control none -k "regex:$2" --launch-count "$3" $S -f -o "/tmp/$1" \
@@ -36,6 +36,6 @@ else
         $NCU -i "/tmp/$1.ncu-rep" --page details >"$R/$1.txt" 2>&1
         $NCU -i "/tmp/$1.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$R/$1-sass.csv.gz"
     }
-    profile attn8 glmc_mla_absorbed 1 64 32768 /tmp/slice8.ron
+    profile wide64 glmc_mla_absorbed_wide 1 64 32768 models/glm5-slice.ron
     profile skinny glmc_gemm_skinny 12 8 1024 models/glm5-slice.ron
 fi
