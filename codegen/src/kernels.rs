@@ -104,6 +104,9 @@ pub struct NodeCtx<'a> {
     /// Whether the wide absorbed attention computes its scores with the keys as the MMA's rows
     /// ([`Variant::MlaWideKeyRows`]).
     pub mla_wide_key_rows: bool,
+    /// Whether the wide absorbed attention takes 16-key tiles in a four-stage ring
+    /// ([`Variant::MlaWideDeepRing`]).
+    pub mla_wide_deep_ring: bool,
     /// The form of every bf16 `moe.down` at decode ([`Variant::MoeDown`]), or None for the
     /// shipped one by token count ([`shipped_moe_down`]).
     pub moe_down: Option<MoeDown>,
@@ -2138,6 +2141,9 @@ const MLA_SHARED: u32 =
 /// (rows padded by 8), three floats per head and two visibility flags per key.
 const MLA_WIDE_SHARED: u32 =
     (2 * 32 * 584 * 2 + 4 * 32 * 40 * 4 + 32 * 40 * 2 + 3 * 32 * 4 + 2 * 32) as u32;
+/// The same for its deep ring: four 16-key stages, partials and probabilities of 16 keys.
+const MLA_WIDE_DEEP_SHARED: u32 =
+    (4 * 16 * 584 * 2 + 4 * 32 * 24 * 4 + 32 * 24 * 2 + 3 * 32 * 4 + 4 * 16) as u32;
 /// The few-heads kernel's: five 16-key stages, eight warps' Sᵀ partials of 8 heads (rows padded
 /// by 8) and a visibility flag per key of a stage.
 const MLA_FEW_SHARED: u32 = (5 * 16 * 584 * 2 + 8 * 8 * 24 * 4 + 5 * 16) as u32;
@@ -2174,6 +2180,10 @@ pub enum Variant {
     /// MMA's rows and its 32 heads as four 8-column tiles, so that each key is read from shared
     /// memory once for S, not once per 16-head half.
     MlaWideKeyRows,
+    /// The wide absorbed attention takes 16-key tiles in a ring of four stages, three of them on
+    /// their way while one is computed (56 KiB, against one 32-key stage of 37 KiB), at three
+    /// barriers a tile.
+    MlaWideDeepRing,
     /// Every bf16 `moe.down` at decode takes this form, whatever its token count
     /// ([`shipped_moe_down`] otherwise).
     MoeDown(MoeDown),
@@ -2311,7 +2321,9 @@ fn mla_absorbed(
         heads.min(MLA_HEAD_TILE)
     };
     let groups = heads / head_tile;
-    let (template, shared) = if wide {
+    let (template, shared) = if wide && cx.mla_wide_deep_ring {
+        ("mla_absorbed_wide", MLA_WIDE_DEEP_SHARED)
+    } else if wide {
         ("mla_absorbed_wide", MLA_WIDE_SHARED)
     } else if cx.mla_few_heads && head_tile <= 8 {
         ("mla_absorbed_few", MLA_FEW_SHARED)
@@ -2370,6 +2382,7 @@ fn mla_absorbed(
         let mut b = spec(template, MLA_THREADS).shared(shared, true);
         b = if wide {
             b.param("key_rows", cx.mla_wide_key_rows)
+                .param("deep", cx.mla_wide_deep_ring)
         } else {
             b.param("hg", head_tile)
         };

@@ -781,6 +781,7 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                 mla_narrow: st.variant == Some(Variant::MlaNarrow),
                 mla_few_heads: st.variant == Some(Variant::MlaFewHeads),
                 mla_wide_key_rows: st.variant == Some(Variant::MlaWideKeyRows),
+                mla_wide_deep_ring: st.variant == Some(Variant::MlaWideDeepRing),
                 moe_down: match st.variant {
                     Some(Variant::MoeDown(f)) => Some(f),
                     _ => None,

@@ -384,23 +384,20 @@ fn the_few_heads_attention_compiles_for_a_rank_without_local_memory() {
     }
 }
 
-/// The wide attention with the keys as its score MMA's rows (`Variant::MlaWideKeyRows`, which the
-/// attention test times) takes GLM-5's 64 heads, both phases, and compiles for both targets with
-/// no local memory and within SM120's shared memory.
+/// The wide attention's variants the attention test times (the keys as its score MMA's rows,
+/// `Variant::MlaWideKeyRows`; 16-key tiles in a four-stage ring, `Variant::MlaWideDeepRing`) take
+/// GLM-5's 64 heads, both phases, and compile for both targets with no local memory and within
+/// SM120's shared memory.
 #[test]
-fn the_wide_key_rows_attention_compiles_without_local_memory() {
+fn the_wide_attention_variants_compile_without_local_memory() {
     let nvcc = compiler();
     let (_, m) = common::module("glm5.ron");
-    for target in [Target::Sm120a, Target::Sm90a] {
-        let usage = variant_compiles(
-            &nvcc,
-            &m,
-            target,
-            Variant::MlaWideKeyRows,
-            &["mla_absorbed_wide"],
-        );
-        // Decode, split and unsplit, and the prefill's.
-        assert_eq!(usage.len(), 3, "{target}");
+    for variant in [Variant::MlaWideKeyRows, Variant::MlaWideDeepRing] {
+        for target in [Target::Sm120a, Target::Sm90a] {
+            let usage = variant_compiles(&nvcc, &m, target, variant, &["mla_absorbed_wide"]);
+            // Decode, split and unsplit, and the prefill's.
+            assert_eq!(usage.len(), 3, "{variant:?} {target}");
+        }
     }
 }
 

@@ -980,9 +980,10 @@ fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
 
 /// Every kernel the shipped models generate, in every dtype, with dense attention, a greedy
 /// head, a tensor-parallel rank (also with the few-heads attention the attention test times),
-/// the wide attention's keys-as-rows form or the `moe.experts` baseline too, waits for the kernel before it first: the runtime launches
-/// them as programmatic dependents. Together the models reach every template, so a template added
-/// without the wait fails here even before it is first used.
+/// the wide attention's keys-as-rows and deep-ring forms or the `moe.experts` baseline too,
+/// waits for the kernel before it first: the runtime launches them as programmatic dependents.
+/// Together the models reach every template, so a template added without the wait fails here
+/// even before it is first used.
 #[test]
 fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
     use glmc_codegen::render::{self, GRID_DEPENDENCY_CONTROL, TEMPLATES};
@@ -1031,6 +1032,7 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
     let variant = |m, v| glmc_codegen::lower_module_with(m, Target::Sm120, LIMITS, v).unwrap();
     let few = variant(rank, glmc_codegen::Variant::MlaFewHeads);
     let key_rows = variant(glm5, glmc_codegen::Variant::MlaWideKeyRows);
+    let deep = variant(glm5, glmc_codegen::Variant::MlaWideDeepRing);
     let lowered = modules
         .iter()
         .map(|(name, m)| {
@@ -1042,6 +1044,7 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
         .chain([
             ("glm5.ron rank 0 of 8, few heads".to_string(), few),
             ("glm5.ron bf16, wide key rows".to_string(), key_rows),
+            ("glm5.ron bf16, wide deep ring".to_string(), deep),
         ]);
     for (name, mut l) in lowered {
         assert!(l.programmatic_launch, "{name}");

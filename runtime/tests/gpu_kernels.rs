@@ -3312,8 +3312,8 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         // a key tile or two each and the merge reads all of them: other split lengths are timed
         // against the shipped one, each checked against the interpreter, and at batch 64 fewer
         // splits; so is the narrow kernel (16 heads a block) where the heads take the wide one
-        // on many rows, the wide kernel's keys-as-rows scores wherever it runs, and the
-        // few-heads kernel wherever a block holds 8 heads.
+        // on many rows, the wide kernel's keys-as-rows scores and deep ring wherever it runs,
+        // and the few-heads kernel wherever a block holds 8 heads.
         let tiles_per_split: &[u64] = match c.rows {
             ..=8 if listed => &MLA_TILES_PER_SPLIT_VARIANTS,
             64.. if listed && c.context == 32768 => &MLA_WAVE_TILES_PER_SPLIT_VARIANTS,
@@ -3333,6 +3333,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 variants.push(("16 heads a block".into(), Variant::MlaNarrow));
             }
             variants.push(("keys as score rows".into(), Variant::MlaWideKeyRows));
+            variants.push(("16-key tiles, four stages".into(), Variant::MlaWideDeepRing));
         }
         if c.heads <= 8 {
             variants.push(("keys as rows, five stages".into(), Variant::MlaFewHeads));

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Device call A of the nineteenth session of 2026-12-07, whose seventeen tries found no machine
-# (tests/gpu/README.md). Built here from the tree of the commit that adds this script: main's
-# kernels (the skinny GEMMs' and norms' weights read before the programmatic-launch wait, which
-# has run only on an H100) and the few-heads attention kernel as a lowering variant
-# (`mla_absorbed_few.cu`, Variant::MlaFewHeads, which the attention test times beside the shipped
-# kernel at every 8-head case): `cargo build --release --locked --bin glmc` into DIR/glmc, the
-# executables of `cargo test --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test
-# oracle --no-run` into DIR/gpu_kernels and DIR/oracle; all stripped, packed by `tar cf - -C DIR .
-# | xz -T2 -6 > .gpu/pack.tar.xz`; the call carries `.gpu`.
+# Device call A of the nineteenth session of 2026-12-07, whose seventeen tries found no machine,
+# and of the twentieth, whose ten found none either (tests/gpu/README.md). Built here from the
+# tree of the session that runs it: main's kernels (the skinny GEMMs' and norms' weights read
+# before the programmatic-launch wait, which has run only on an H100) and the attention variants
+# the attention test times beside the shipped kernels, each checked against the interpreter (the
+# few-heads kernel `mla_absorbed_few.cu` at every 8-head case; the wide kernel's keys-as-rows
+# scores and deep ring wherever it runs): `cargo build --release --locked --bin glmc` into
+# DIR/glmc, the executables of `cargo test --release --locked -p glmc-runtime --test gpu_kernels
+# -p glmc --test oracle --no-run` into DIR/gpu_kernels and DIR/oracle; all stripped, packed by
+# `tar cf - -C DIR . | xz -T2 -6 > .gpu/pack.tar.xz`; the call carries `.gpu`.
 #
 # On an H200 (where issue 14's targets are judged): `scripts/bench-gpu.sh run attention` (the
-# new kernel against the shipped one), `run gemv` and `run glmc`, the tiny-model kernel harness
+# variants against the shipped kernels), `run gemv` and `run glmc`, the tiny-model kernel harness
 # beside the oracle and `run indexer`, each given what is left of BUDGET seconds (default 570).
 # On an H100, whose numbers for main are already recorded (2026-12-07f): `run attention`, then
 # Nsight Compute for the kernel work: the shipped absorbed attention at 64 heads (the wide kernel,
