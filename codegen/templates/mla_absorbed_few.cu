@@ -35,20 +35,9 @@
     float* const sp = reinterpret_cast<float*>(ks + STAGES * BN * LDK);
     unsigned char* const visible = reinterpret_cast<unsigned char*>(sp + WARPS * 8 * LDS);
 
-    // Thread (lkey, lsub) copies latent vectors lsub, lsub + 16, … of key lkey, and its rope
-    // vector lsub when lsub < 8.
-    constexpr int KEY_SHIFT = 4;
-{% include "mla_block.cuh" %}
-    // The split's 32-key tiles t0..t1 as 16-key tiles u0..u1 (the last may hold no key).
-    const i64 u0 = 2 * t0, u1 = 2 * t1;
-    // Tiles u0 .. u0 + STAGES − 2 go out before the queries are read; cp.async group i holds tile
-    // u0 + i, and each tile after commits one group (empty past u1).
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        if (u0 + i < u1) load(i, key_of(u0 + i));
-        cp_async_commit();
-    }
-    i64 jn = key_of(u0 + STAGES - 1);
+{% include "mla_ring.cuh" %}
+    // The ring's first tiles are on their way before the queries are read.
+    ring_start();
 
     // Qᵀ's B fragments of head g over k steps warp + 8i: b0 the dims 2·t4.., b1 those 8 further.
     constexpr int QSTEPS = (KSTEPS + WARPS - 1) / WARPS;
@@ -85,12 +74,7 @@
         // Tile u has landed for every thread, and every warp is done with tile u − 1: its stage
         // takes tile u + STAGES − 1 and the partials can be overwritten.
         __syncthreads();
-        {
-            const int next = s == 0 ? STAGES - 1 : s - 1;
-            if (u + STAGES - 1 < u1) load(next, jn);
-            cp_async_commit();
-            jn = key_of(u + STAGES);
-        }
+        ring_refill(s, u);
         const bf16* const kt = ks + s * BN * LDK;
         {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};

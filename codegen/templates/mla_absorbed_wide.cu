@@ -62,10 +62,7 @@
     float* const lmax = lsum + HG;
     unsigned char* const visible = reinterpret_cast<unsigned char*>(lmax + HG);
 {% if deep %}
-    constexpr int KEY_SHIFT = 4;  // 16 threads a key
-{% include "mla_block.cuh" %}
-    // The split's 32-key tiles t0..t1 as 16-key tiles u0..u1 (the last may hold no key).
-    const i64 u0 = 2 * t0, u1 = 2 * t1;
+{% include "mla_ring.cuh" %}
 {%- else %}
 {% include "mla_keys.cuh" %}
 {%- endif %}
@@ -74,19 +71,9 @@
 {%- else %}
     const int ms = warp & 1, kq = warp >> 1;
 {%- endif %}
-{% if deep %}
-    // Tiles u0 .. u0 + STAGES − 2 go out before the queries are read; cp.async group i holds tile
-    // u0 + i, and each tile after commits one group (empty past u1).
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        if (u0 + i < u1) load(i, key_of(u0 + i));
-        cp_async_commit();
-    }
-    i64 jn = key_of(u0 + STAGES - 1);
-{%- else %}
-    // The ring's first two tiles are on their way before the queries are read.
+
+    // The ring's first tiles are on their way before the queries are read.
     ring_start();
-{%- endif %}
 {% if key_rows %}
     // Qᵀ's B fragments of heads nt·8 + g over dims kq·144 + i·16.., read from global memory once:
     // b0 the dims 2·t4 and 2·t4 + 1, b1 those 8 further.
@@ -141,11 +128,7 @@
         // Tile u has landed for every thread, and every warp is done with tile u − 1: its stage
         // takes tile u + STAGES − 1.
         __syncthreads();
-        {
-            if (u + STAGES - 1 < u1) load(s == 0 ? STAGES - 1 : s - 1, jn);
-            cp_async_commit();
-            jn = key_of(u + STAGES);
-        }
+        ring_refill(s, u);
 {%- else %}
     for (i64 t = t0; t < t1; ++t) {
         const int s = (int)((t - t0) & 1);

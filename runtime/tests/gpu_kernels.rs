@@ -2993,13 +2993,13 @@ const MLA_WAVE_TILES_PER_SPLIT_VARIANTS: [u64; 2] = [32, 64];
 /// against dense attention, and a 4096-token sparse prefill. Where the interpreter would take
 /// minutes (batch 64 × 32768, the prefill) it checks sampled rows, and batch 64 × 32768 is also
 /// compared in full with the baseline kernel (the same values in f32, which the baseline takes).
-/// Other split lengths at a few rows, the 16-head kernel where 64 heads take the wide one, and at
-/// 8 heads the few-heads kernel (`mla_absorbed_few.cu`), are timed against the shipped choice and
-/// checked the same way. Timed by `run_on_gpu`; written to
-/// `attention.md` (and `attention.json`, for `bench/render.py`) with the roofline: the bytes (each
-/// row's visible keys at 1152 bytes, the prefill's cache once, queries and outputs) at the copy
-/// bandwidth measured here, or the FLOPs (2 · heads · (576 + 512) per visible key) at the mma.sync
-/// rate; and, where the top-k lists name keys spanning twice the L2, the gather ceiling
+/// Other split lengths at a few rows, the 16-head kernel where 64 heads take the wide one, the
+/// wide kernel's keys-as-rows and deep-ring forms, and at 8 heads the few-heads kernel
+/// (`mla_absorbed_few.cu`), are timed against the shipped choice and checked the same way. Timed
+/// by `run_on_gpu`; written to `attention.md` (and `attention.json`, for `bench/render.py`) with
+/// the roofline: the bytes (each row's visible keys at 1152 bytes, the prefill's cache once,
+/// queries and outputs) at the copy bandwidth measured here, or the FLOPs (2 · heads · (576 +
+/// 512) per visible key) at the mma.sync rate; and, where the top-k lists name keys spanning twice the L2, the gather ceiling
 /// (`read_us`: a kernel that only reads the listed keys, timed the same way).
 #[test]
 #[ignore = "gpu"]

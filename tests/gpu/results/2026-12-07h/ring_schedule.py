@@ -1,9 +1,11 @@
-# The key ring of codegen/templates/mla_absorbed_few.cu and of mla_absorbed_wide.cu's deep form,
-# simulated for 2 to 5 stages and 0 to 19 tiles from three starts: STAGES − 1 tiles go out first,
-# one cp.async group each (empty past the last tile); at tile u the kernel waits until at most
-# STAGES − 2 groups are pending, passes a barrier and refills the stage of tile u − 1 with tile
-# u + STAGES − 1 (one group, empty past the last). Asserts that tile u has landed in stage u's
-# slot when it is computed and that a refill only takes the stage of the tile just finished.
+# The deep key ring of codegen/templates/mla_ring.cuh (the few-heads kernel's and the wide
+# kernel's deep form), simulated for 2 to 5 stages and 0 to 19 tiles from three starts: STAGES − 1
+# tiles go out first, one cp.async group each (empty past the last tile); at tile u the kernel
+# waits until at most STAGES − 2 groups are pending, passes a barrier and refills the stage of
+# tile u − 1 with tile u + STAGES − 1 (one group, empty past the last). Asserts that tile u has
+# landed in stage u's slot when it is computed and that a refill only takes the stage of the tile
+# just finished.
+
 def simulate(u0, u1, stages):
     held = [None] * stages
     groups = []
