@@ -95,18 +95,9 @@ pub struct NodeCtx<'a> {
     /// The fewest 32-key tiles a split of the sparse absorbed attention holds, where its top-k
     /// bounds the keys ([`Variant::MlaTilesPerSplit`]; [`MLA_SPARSE_TILES_PER_SPLIT`] shipped).
     pub mla_tiles_per_split: u64,
-    /// Whether the absorbed attention keeps to 16 heads a block where 32 would fit
-    /// ([`Variant::MlaNarrow`]; the wide kernel shipped).
-    pub mla_narrow: bool,
-    /// Whether the absorbed attention takes the few-heads kernel (keys as the MMA's rows, a
-    /// five-stage ring) where a block holds at most 8 heads ([`Variant::MlaFewHeads`]).
-    pub mla_few_heads: bool,
-    /// Whether the wide absorbed attention computes its scores with the keys as the MMA's rows
-    /// ([`Variant::MlaWideKeyRows`]).
-    pub mla_wide_key_rows: bool,
-    /// Whether the wide absorbed attention takes 16-key tiles in a four-stage ring
-    /// ([`Variant::MlaWideDeepRing`]).
-    pub mla_wide_deep_ring: bool,
+    /// The absorbed attention's kernel where a variant replaces the shipped choice
+    /// ([`Variant::Mla`]), or None.
+    pub mla_kernel: Option<MlaKernel>,
     /// The form of every bf16 `moe.down` at decode ([`Variant::MoeDown`]), or None for the
     /// shipped one by token count ([`shipped_moe_down`]).
     pub moe_down: Option<MoeDown>,
@@ -2170,26 +2161,34 @@ pub enum Variant {
     /// Every split of the sparse absorbed attention holds at least this many 32-key tiles
     /// ([`MLA_SPARSE_TILES_PER_SPLIT`] otherwise).
     MlaTilesPerSplit(u64),
-    /// The absorbed attention takes 16 heads a block (`mla_absorbed.cu`) also where the wide
-    /// kernel's 32 would fit.
-    MlaNarrow,
-    /// The absorbed attention takes `mla_absorbed_few.cu` (keys as the MMA's rows, heads as its 8
-    /// columns, five 16-key stages) where a block holds at most 8 heads.
-    MlaFewHeads,
-    /// The wide absorbed attention (`mla_absorbed_wide.cu`) computes Sᵀ = K·Qᵀ, keys as the
-    /// MMA's rows and its 32 heads as four 8-column tiles, so that each key is read from shared
-    /// memory once for S, not once per 16-head half.
-    MlaWideKeyRows,
-    /// The wide absorbed attention takes 16-key tiles in a ring of four stages, three of them on
-    /// their way while one is computed (56 KiB, against one 32-key stage of 37 KiB), at three
-    /// barriers a tile.
-    MlaWideDeepRing,
+    /// The absorbed attention takes this kernel in place of the shipped choice.
+    Mla(MlaKernel),
     /// Every bf16 `moe.down` at decode takes this form, whatever its token count
     /// ([`shipped_moe_down`] otherwise).
     MoeDown(MoeDown),
     /// The decode indexer kernel's key ring ([`SCORE_DECODE_RING`] otherwise).
     ScoreRing(ScoreRing),
 }
+/// An absorbed-attention kernel that a GPU sweep times in place of the shipped choice (the wide
+/// kernel, `mla_absorbed_wide.cu`, where a block's 32 heads divide the heads; `mla_absorbed.cu`
+/// otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaKernel {
+    /// 16 heads a block (`mla_absorbed.cu`) also where the wide kernel's 32 would fit.
+    Narrow,
+    /// `mla_absorbed_few.cu` (keys as the MMA's rows, heads as its 8 columns, five 16-key
+    /// stages) where a block holds at most 8 heads.
+    FewHeads,
+    /// The wide kernel computes Sᵀ = K·Qᵀ, keys as the MMA's rows and its 32 heads as four
+    /// 8-column tiles, so that each key is read from shared memory once for S, not once per
+    /// 16-head half.
+    WideKeyRows,
+    /// The wide kernel takes 16-key tiles in a ring of four stages, three of them on their way
+    /// while one is computed (56 KiB, against one 32-key stage of 37 KiB), at three barriers a
+    /// tile.
+    WideDeepRing,
+}
+
 /// Threads of the merge kernel: 4 of the 512 latent columns each.
 const MLA_MERGE_THREADS: u32 = 128;
 
@@ -2314,18 +2313,18 @@ fn mla_absorbed(
         .eval(cx.limits)
         .ok_or_else(|| format!("the row count {rows} is not bound by the limits"))?
         .max(1) as u64;
-    let wide = !cx.mla_narrow && heads.is_multiple_of(MLA_WIDE_HEAD_TILE);
+    let wide = cx.mla_kernel != Some(MlaKernel::Narrow) && heads.is_multiple_of(MLA_WIDE_HEAD_TILE);
     let head_tile = if wide {
         MLA_WIDE_HEAD_TILE
     } else {
         heads.min(MLA_HEAD_TILE)
     };
     let groups = heads / head_tile;
-    let (template, shared) = if wide && cx.mla_wide_deep_ring {
+    let (template, shared) = if wide && cx.mla_kernel == Some(MlaKernel::WideDeepRing) {
         ("mla_absorbed_wide", MLA_WIDE_DEEP_SHARED)
     } else if wide {
         ("mla_absorbed_wide", MLA_WIDE_SHARED)
-    } else if cx.mla_few_heads && head_tile <= 8 {
+    } else if cx.mla_kernel == Some(MlaKernel::FewHeads) && head_tile <= 8 {
         ("mla_absorbed_few", MLA_FEW_SHARED)
     } else {
         ("mla_absorbed", MLA_SHARED)
@@ -2381,8 +2380,8 @@ fn mla_absorbed(
         let direct = tier.splits == 1;
         let mut b = spec(template, MLA_THREADS).shared(shared, true);
         b = if wide {
-            b.param("key_rows", cx.mla_wide_key_rows)
-                .param("deep", cx.mla_wide_deep_ring)
+            b.param("key_rows", cx.mla_kernel == Some(MlaKernel::WideKeyRows))
+                .param("deep", cx.mla_kernel == Some(MlaKernel::WideDeepRing))
         } else {
             b.param("hg", head_tile)
         };

@@ -19,6 +19,6 @@ pub mod render;
 pub mod schedule;
 pub mod target;
 
-pub use kernels::Variant;
+pub use kernels::{MlaKernel, Variant};
 pub use lower::{lower_module, lower_module_with, Limits, LowerError, Lowered};
 pub use target::{Target, TargetError};

@@ -778,10 +778,10 @@ fn lower_node(st: &mut State, n: NodeIndex, step: usize) -> Result<(), LowerErro
                     Some(Variant::MlaTilesPerSplit(n)) => n,
                     _ => MLA_SPARSE_TILES_PER_SPLIT,
                 },
-                mla_narrow: st.variant == Some(Variant::MlaNarrow),
-                mla_few_heads: st.variant == Some(Variant::MlaFewHeads),
-                mla_wide_key_rows: st.variant == Some(Variant::MlaWideKeyRows),
-                mla_wide_deep_ring: st.variant == Some(Variant::MlaWideDeepRing),
+                mla_kernel: match st.variant {
+                    Some(Variant::Mla(k)) => Some(k),
+                    _ => None,
+                },
                 moe_down: match st.variant {
                     Some(Variant::MoeDown(f)) => Some(f),
                     _ => None,

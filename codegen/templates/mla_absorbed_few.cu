@@ -13,9 +13,9 @@
 // held, right after the barrier that says every warp is done with it, so a tile costs two
 // barriers, not four.
 //
-// A lowering variant (Variant::MlaFewHeads) that the attention test times beside the shipped
-// kernel at every 8-head case; it has not yet run on a GPU (tests/gpu/README.md, the nineteenth
-// session), so nothing ships it.
+// A lowering variant (Variant::Mla(MlaKernel::FewHeads)) that the attention test times beside the
+// shipped kernel at every 8-head case; it has not yet run on a GPU (tests/gpu/README.md, the
+// nineteenth session), so nothing ships it.
 //
 // 8 warps, 16 threads a key in the ring. Sᵀ: warp w takes the k steps w, w + 8, … of the 36 (16
 // dims each) for all 16 keys, and the eight partial sums meet in shared memory. Softmax: every

@@ -27,19 +27,19 @@
 // scheduler, the warps waiting on the ring (long scoreboard, 2.0 cycles an instruction),
 // fixed-latency MMA and ldmatrix chains (1.8, 1.0) and the four barriers a tile (0.9).
 //
-// key_rows (Variant::MlaWideKeyRows, timed by the attention test, not shipped): S is computed as
-// Sᵀ = K·Qᵀ, warp w taking keys (w % 2)·16.. of the tile over dims (w / 2)·144.. for all 32
-// heads, with Qᵀ's B fragments in registers (72 a thread, against 36 for the A fragments above):
-// each key is then read from shared memory once for S instead of once per 16-head half (37 KiB
-// a tile less, of about 190), and a warp issues 9 ldmatrix a tile for S instead of 18. The score
-// partials, the softmax and O are the same.
+// key_rows (Variant::Mla(MlaKernel::WideKeyRows), timed by the attention test, not shipped): S is
+// computed as Sᵀ = K·Qᵀ, warp w taking keys (w % 2)·16.. of the tile over dims (w / 2)·144.. for
+// all 32 heads, with Qᵀ's B fragments in registers (72 a thread, against 36 for the A fragments
+// above): each key is then read from shared memory once for S instead of once per 16-head half (37
+// KiB a tile less, of about 190), and a warp issues 9 ldmatrix a tile for S instead of 18. The
+// score partials, the softmax and O are the same.
 //
-// deep (Variant::MlaWideDeepRing, timed by the attention test, not shipped): 16-key tiles in a
-// ring of four stages (mla_absorbed_few.cu's), so three (56 KiB) are on their way while one is
-// computed, against the one 32-key stage (37 KiB) here; a stage is refilled right after the
-// barrier that opens the tile after the one it held, so a tile costs three barriers. Why: at
-// batch 64 × 32k a 32-key tile took 4,290 cycles on the H200, against 2,786 in the sparse prefill
-// whose keys stay in L2, so about a third of it waits on the gather.
+// deep (Variant::Mla(MlaKernel::WideDeepRing), timed by the attention test, not shipped): 16-key
+// tiles in a ring of four stages (mla_absorbed_few.cu's), so three (56 KiB) are on their way while
+// one is computed, against the one 32-key stage (37 KiB) here; a stage is refilled right after the
+// barrier that opens the tile after the one it held, so a tile costs three barriers. Why: at batch
+// 64 × 32k a 32-key tile took 4,290 cycles on the H200, against 2,786 in the sparse prefill whose
+// keys stay in L2, so about a third of it waits on the gather.
 {% include "mla_head.cuh" %}
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8;
     constexpr int HEADS = {{ heads }}, HG = 32, GROUPS = HEADS / HG, MI = 2, ROW_LANES = 8;

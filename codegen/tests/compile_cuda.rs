@@ -7,7 +7,7 @@ mod common;
 use common::{dense_module, lowered, module, module_with, LIMITS, MODELS};
 use glmc_codegen::kernels::{DECODE_GEMM_VARIANTS, TILED_GEMM_VARIANTS};
 use glmc_codegen::nvcc::{self, parse_ptxas};
-use glmc_codegen::{lower_module, lower_module_with, render, Target, Variant};
+use glmc_codegen::{lower_module, lower_module_with, render, MlaKernel, Target, Variant};
 use glmc_ir::DType;
 
 fn compiler() -> nvcc::Compiler {
@@ -360,7 +360,7 @@ fn glm5_absorbed_attention_compiles_for_64_and_8_heads_without_local_memory() {
     }
 }
 
-/// The few-heads attention kernel (`Variant::MlaFewHeads`, which the attention test times) takes
+/// The few-heads attention kernel (`Variant::Mla(MlaKernel::FewHeads)`, which the attention test times) takes
 /// a TP=8 rank's 8 heads, both phases, and compiles for both targets with no local memory, within
 /// SM120's shared memory and at most 128 registers (two blocks an SM of an H200).
 #[test]
@@ -373,7 +373,7 @@ fn the_few_heads_attention_compiles_for_a_rank_without_local_memory() {
             &nvcc,
             &rank,
             target,
-            Variant::MlaFewHeads,
+            Variant::Mla(MlaKernel::FewHeads),
             &["mla_absorbed_few"],
         );
         // Decode, split and unsplit, and the prefill's.
@@ -385,14 +385,17 @@ fn the_few_heads_attention_compiles_for_a_rank_without_local_memory() {
 }
 
 /// The wide attention's variants the attention test times (the keys as its score MMA's rows,
-/// `Variant::MlaWideKeyRows`; 16-key tiles in a four-stage ring, `Variant::MlaWideDeepRing`) take
+/// `Variant::Mla(MlaKernel::WideKeyRows)`; 16-key tiles in a four-stage ring, `Variant::Mla(MlaKernel::WideDeepRing)`) take
 /// GLM-5's 64 heads, both phases, and compile for both targets with no local memory and within
 /// SM120's shared memory.
 #[test]
 fn the_wide_attention_variants_compile_without_local_memory() {
     let nvcc = compiler();
     let (_, m) = common::module("glm5.ron");
-    for variant in [Variant::MlaWideKeyRows, Variant::MlaWideDeepRing] {
+    for variant in [
+        Variant::Mla(MlaKernel::WideKeyRows),
+        Variant::Mla(MlaKernel::WideDeepRing),
+    ] {
         for target in [Target::Sm120a, Target::Sm90a] {
             let usage = variant_compiles(&nvcc, &m, target, variant, &["mla_absorbed_wide"]);
             // Decode, split and unsplit, and the prefill's.

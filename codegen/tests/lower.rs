@@ -581,7 +581,7 @@ fn glm5_absorbed_attention_splits_by_batch_on_the_tensor_cores() {
 #[test]
 fn sparse_absorbed_attention_splits_hold_the_tiles_asked_for() {
     use glmc_codegen::expr::Bindings;
-    use glmc_codegen::{lower_module_with, Variant};
+    use glmc_codegen::{lower_module_with, MlaKernel, Variant};
     let limits = glmc_codegen::Limits {
         max_prefill_tokens: 4096,
         max_batch: 64,
@@ -619,11 +619,11 @@ fn sparse_absorbed_attention_splits_hold_the_tiles_asked_for() {
 }
 
 /// GLM-5's 64 heads take the wide kernel (32 heads a block) at both phases; the sweep's
-/// `MlaNarrow` keeps them to 16 a block, twice the blocks a row.
+/// `MlaKernel::Narrow` keeps them to 16 a block, twice the blocks a row.
 #[test]
 fn the_absorbed_attention_takes_32_heads_a_block_unless_asked_for_16() {
     use glmc_codegen::expr::Bindings;
-    use glmc_codegen::{lower_module_with, Variant};
+    use glmc_codegen::{lower_module_with, MlaKernel, Variant};
     let glm5 = module("glm5.ron").1;
     let b = Bindings::from([
         ("b".to_string(), 8),
@@ -656,7 +656,13 @@ fn the_absorbed_attention_takes_32_heads_a_block_unless_asked_for_16() {
         )
     };
     let wide = lower_module(&glm5, Target::Sm90a, LIMITS).unwrap();
-    let narrow = lower_module_with(&glm5, Target::Sm90a, LIMITS, Variant::MlaNarrow).unwrap();
+    let narrow = lower_module_with(
+        &glm5,
+        Target::Sm90a,
+        LIMITS,
+        Variant::Mla(MlaKernel::Narrow),
+    )
+    .unwrap();
     for p in ["decode", "prefill"] {
         assert_eq!(
             attention(&wide, p),
@@ -1030,9 +1036,18 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
         .1;
     let mut reached = std::collections::BTreeSet::new();
     let variant = |m, v| glmc_codegen::lower_module_with(m, Target::Sm120, LIMITS, v).unwrap();
-    let few = variant(rank, glmc_codegen::Variant::MlaFewHeads);
-    let key_rows = variant(glm5, glmc_codegen::Variant::MlaWideKeyRows);
-    let deep = variant(glm5, glmc_codegen::Variant::MlaWideDeepRing);
+    let few = variant(
+        rank,
+        glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::FewHeads),
+    );
+    let key_rows = variant(
+        glm5,
+        glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::WideKeyRows),
+    );
+    let deep = variant(
+        glm5,
+        glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::WideDeepRing),
+    );
     let lowered = modules
         .iter()
         .map(|(name, m)| {

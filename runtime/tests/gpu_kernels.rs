@@ -30,7 +30,7 @@ use glmc_codegen::kernels::{
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Kernel, Phase, Step};
 use glmc_codegen::{
-    lower_module, lower_module_with, nvcc, render, Limits, Lowered, Target, Variant,
+    lower_module, lower_module_with, nvcc, render, Limits, Lowered, MlaKernel, Target, Variant,
 };
 use glmc_ir::{DType, Function, Module, NodeIndex, Op, TensorType, Value};
 use glmc_models::builder::{BuildOptions, Sampler};
@@ -3330,13 +3330,22 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             .collect();
         if kernels.contains("mla_absorbed_wide") {
             if c.rows >= 64 && c.context >= 2048 {
-                variants.push(("16 heads a block".into(), Variant::MlaNarrow));
+                variants.push(("16 heads a block".into(), Variant::Mla(MlaKernel::Narrow)));
             }
-            variants.push(("keys as score rows".into(), Variant::MlaWideKeyRows));
-            variants.push(("16-key tiles, four stages".into(), Variant::MlaWideDeepRing));
+            variants.push((
+                "keys as score rows".into(),
+                Variant::Mla(MlaKernel::WideKeyRows),
+            ));
+            variants.push((
+                "16-key tiles, four stages".into(),
+                Variant::Mla(MlaKernel::WideDeepRing),
+            ));
         }
         if c.heads <= 8 {
-            variants.push(("keys as rows, five stages".into(), Variant::MlaFewHeads));
+            variants.push((
+                "keys as rows, five stages".into(),
+                Variant::Mla(MlaKernel::FewHeads),
+            ));
         }
         for (label, variant) in &variants {
             let lower = |m: &Module, t, l| lower_module_with(m, t, l, *variant).unwrap();
