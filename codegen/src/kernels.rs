@@ -2132,12 +2132,6 @@ const MLA_SHARED: u32 =
 /// (rows padded by 8), three floats per head and two visibility flags per key.
 const MLA_WIDE_SHARED: u32 =
     (2 * 32 * 584 * 2 + 4 * 32 * 40 * 4 + 32 * 40 * 2 + 3 * 32 * 4 + 2 * 32) as u32;
-/// The same for its deep ring: four 16-key stages, partials and probabilities of 16 keys.
-const MLA_WIDE_DEEP_SHARED: u32 =
-    (4 * 16 * 584 * 2 + 4 * 32 * 24 * 4 + 32 * 24 * 2 + 3 * 32 * 4 + 4 * 16) as u32;
-/// The few-heads kernel's: five 16-key stages, eight warps' Sᵀ partials of 8 heads (rows padded
-/// by 8) and a visibility flag per key of a stage.
-const MLA_FEW_SHARED: u32 = (5 * 16 * 584 * 2 + 8 * 8 * 24 * 4 + 5 * 16) as u32;
 /// Most context splits per (row, head group): beyond it the merge reads more than a split
 /// computes at GLM-5's top-k of 2048.
 const MLA_MAX_SPLITS: u64 = 128;
@@ -2176,18 +2170,15 @@ pub enum Variant {
 pub enum MlaKernel {
     /// 16 heads a block (`mla_absorbed.cu`) also where the wide kernel's 32 would fit.
     Narrow,
-    /// `mla_absorbed_few.cu` (keys as the MMA's rows, heads as its 8 columns, five 16-key
-    /// stages) where a block holds at most 8 heads.
-    FewHeads,
-    /// The wide kernel computes Sᵀ = K·Qᵀ, keys as the MMA's rows and its 32 heads as four
-    /// 8-column tiles, so that each key is read from shared memory once for S, not once per
-    /// 16-head half.
-    WideKeyRows,
-    /// The wide kernel takes 16-key tiles in a ring of four stages, three of them on their way
-    /// while one is computed (56 KiB, against one 32-key stage of 37 KiB), at three barriers a
-    /// tile.
-    WideDeepRing,
+    /// The two-stage ring of `mla_absorbed.cu` and the wide kernel is filled by bulk copies
+    /// (`cp.async.bulk`, the TMA that SM90 and SM120 share), warp 0's lane k copying key k's
+    /// latent and rope rows onto the stage's mbarrier, instead of 9 cp.async of 16 bytes in each
+    /// of the 256 threads ([`MLA_BULK_BARRIERS`] more bytes of shared memory).
+    BulkCopy,
 }
+
+/// The bulk-copy ring's two mbarriers ([`MlaKernel::BulkCopy`]).
+const MLA_BULK_BARRIERS: u32 = 16;
 
 /// Threads of the merge kernel: 4 of the 512 latent columns each.
 const MLA_MERGE_THREADS: u32 = 128;
@@ -2320,15 +2311,13 @@ fn mla_absorbed(
         heads.min(MLA_HEAD_TILE)
     };
     let groups = heads / head_tile;
-    let (template, shared) = if wide && cx.mla_kernel == Some(MlaKernel::WideDeepRing) {
-        ("mla_absorbed_wide", MLA_WIDE_DEEP_SHARED)
-    } else if wide {
+    let (template, shared) = if wide {
         ("mla_absorbed_wide", MLA_WIDE_SHARED)
-    } else if cx.mla_kernel == Some(MlaKernel::FewHeads) && head_tile <= 8 {
-        ("mla_absorbed_few", MLA_FEW_SHARED)
     } else {
         ("mla_absorbed", MLA_SHARED)
     };
+    let bulk = cx.mla_kernel == Some(MlaKernel::BulkCopy);
+    let shared = shared + if bulk { MLA_BULK_BARRIERS } else { 0 };
     let topk = if sparse {
         let topk = &ops[5];
         if topk.dtype != DType::I64 {
@@ -2379,13 +2368,13 @@ fn mla_absorbed(
         });
         let direct = tier.splits == 1;
         let mut b = spec(template, MLA_THREADS).shared(shared, true);
-        b = if wide {
-            b.param("key_rows", cx.mla_kernel == Some(MlaKernel::WideKeyRows))
-                .param("deep", cx.mla_kernel == Some(MlaKernel::WideDeepRing))
-        } else {
-            b.param("hg", head_tile)
-        };
-        b = b.param("sparse", sparse).param("direct", direct);
+        if !wide {
+            b = b.param("hg", head_tile);
+        }
+        b = b
+            .param("sparse", sparse)
+            .param("direct", direct)
+            .param("bulk", bulk);
         let mut args = if direct {
             vec![
                 cx.ptr("out", out),

@@ -43,10 +43,6 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("matmul", include_str!("../templates/matmul.cu")),
     ("mla_absorbed", include_str!("../templates/mla_absorbed.cu")),
     (
-        "mla_absorbed_few",
-        include_str!("../templates/mla_absorbed_few.cu"),
-    ),
-    (
         "mla_absorbed_wide",
         include_str!("../templates/mla_absorbed_wide.cu"),
     ),
@@ -54,7 +50,6 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("mla_head.cuh", include_str!("../templates/mla_head.cuh")),
     ("mla_keys.cuh", include_str!("../templates/mla_keys.cuh")),
     ("mla_out.cuh", include_str!("../templates/mla_out.cuh")),
-    ("mla_ring.cuh", include_str!("../templates/mla_ring.cuh")),
     ("mla_merge", include_str!("../templates/mla_merge.cu")),
     ("mla_split.cuh", include_str!("../templates/mla_split.cuh")),
     (

@@ -87,8 +87,8 @@
     ring_start();
     for (i64 t = t0; t < t1; ++t) {
         const int s = (int)((t - t0) & 1);
-        cp_async_wait<1>();
-        // Tile t has landed for every thread (only the group of t + 1 may be outstanding).
+        ring_wait(s, t);
+        // Tile t has landed for the block.
         __syncthreads();
         const bf16* const kt = ks + s * BN * LDK;
         {

@@ -26,74 +26,29 @@
 // (calls A and B) finds the block latency-bound: an instruction issued every 5 cycles a
 // scheduler, the warps waiting on the ring (long scoreboard, 2.0 cycles an instruction),
 // fixed-latency MMA and ldmatrix chains (1.8, 1.0) and the four barriers a tile (0.9).
-//
-// key_rows (Variant::Mla(MlaKernel::WideKeyRows), timed by the attention test, not shipped): S is
-// computed as Sᵀ = K·Qᵀ, warp w taking keys (w % 2)·16.. of the tile over dims (w / 2)·144.. for
-// all 32 heads, with Qᵀ's B fragments in registers (72 a thread, against 36 for the A fragments
-// above): each key is then read from shared memory once for S instead of once per 16-head half (37
-// KiB a tile less, of about 190), and a warp issues 9 ldmatrix a tile for S instead of 18. The
-// score partials, the softmax and O are the same.
-//
-// deep (Variant::Mla(MlaKernel::WideDeepRing), timed by the attention test, not shipped): 16-key
-// tiles in a ring of four stages (mla_absorbed_few.cu's), so three (56 KiB) are on their way while
-// one is computed, against the one 32-key stage (37 KiB) here; a stage is refilled right after the
-// barrier that opens the tile after the one it held, so a tile costs three barriers. Why: at batch
-// 64 × 32k a 32-key tile took 4,290 cycles on the H200, against 2,786 in the sparse prefill whose
-// keys stay in L2, so about a third of it waits on the gather.
 {% include "mla_head.cuh" %}
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8;
     constexpr int HEADS = {{ heads }}, HG = 32, GROUPS = HEADS / HG, MI = 2, ROW_LANES = 8;
-{%- if deep %}
-    constexpr int BN = 16, STAGES = 4;
-{%- else %}
-    constexpr int BN = 32, STAGES = 2;
-{%- endif %}
-    constexpr int LDP = BN + 8, LDS = BN + 8, QUARTER = D / 4, KSTEPS = QUARTER / 16, THREADS = 256;
+    constexpr int BN = 32, LDP = BN + 8, LDS = BN + 8, QUARTER = D / 4, KSTEPS = QUARTER / 16, THREADS = 256;
     static_assert(HEADS % HG == 0 && QUARTER % 16 == 0, "32-head groups, k steps within a quarter");
-    // [STAGES][BN][LDK] keys, [4][HG][LDS] score partials (one per dim quarter), [HG][LDP]
+    // [2][BN][LDK] keys, [4][HG][LDS] score partials (one per dim quarter), [HG][LDP]
     // probabilities, per row: correction, sum and max, per key of a stage: whether it is visible.
     // Rows padded by 8 elements put the rows an ldmatrix phase (or a half warp's float2 stores)
     // touches on distinct banks.
     bf16* const ks = reinterpret_cast<bf16*>(dynamic_smem);
-    float* const sp = reinterpret_cast<float*>(ks + STAGES * BN * LDK);
+    float* const sp = reinterpret_cast<float*>(ks + 2 * BN * LDK);
     bf16* const ps = reinterpret_cast<bf16*>(sp + 4 * HG * LDS);
     float* const corr = reinterpret_cast<float*>(ps + HG * LDP);
     float* const lsum = corr + HG;
     float* const lmax = lsum + HG;
     unsigned char* const visible = reinterpret_cast<unsigned char*>(lmax + HG);
-{% if deep %}
-{% include "mla_ring.cuh" %}
-{%- else %}
-{% include "mla_keys.cuh" %}
-{%- endif %}
-{%- if key_rows %}
-    const int kh = warp & 1, kq = warp >> 1;
-{%- else %}
-    const int ms = warp & 1, kq = warp >> 1;
-{%- endif %}
 
-    // The ring's first tiles are on their way before the queries are read.
+{% include "mla_keys.cuh" %}
+    const int ms = warp & 1, kq = warp >> 1;
+
+    // The ring's first two tiles are on their way before the queries are read.
     ring_start();
-{% if key_rows %}
-    // Qᵀ's B fragments of heads nt·8 + g over dims kq·144 + i·16.., read from global memory once:
-    // b0 the dims 2·t4 and 2·t4 + 1, b1 those 8 further.
-    unsigned qb[KSTEPS][HG / 8][2];
-    {
-#pragma unroll
-        for (int nt = 0; nt < HG / 8; ++nt) {
-            const i64 h = group * HG + nt * 8 + g;
-#pragma unroll
-            for (int i = 0; i < KSTEPS; ++i)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int c = kq * QUARTER + i * 16 + half * 8 + t4 * 2;
-                    const bf16* const p = c < D1 ? q1 + row * q1_row + h * q1_head + c
-                                                 : q2 + row * q2_row + h * q2_head + (c - D1);
-                    qb[i][nt][half] = *reinterpret_cast<const unsigned*>(p);
-                }
-        }
-    }
-{%- else %}
+
     // The A fragments of heads ms·16 + g (and + 8) over dims kq·144 + i·16.., read from global
     // memory once: a0/a1 the first 8 dims of rows g and g + 8, a2/a3 the next 8.
     unsigned qa[KSTEPS][4];
@@ -113,103 +68,52 @@
             qa[i][3] = *reinterpret_cast<const unsigned*>(p + h8 + 8);
         }
     }
-{%- endif %}
 
     float o[MI][8][4];
     zero_tiles(o);
     // The softmax state of head row `srow`, the same in its 8 threads.
-    constexpr int ROW_KEYS = BN / ROW_LANES;
-    const int srow = tid >> 3, scol = (tid & 7) * ROW_KEYS;
+    const int srow = tid >> 3, scol = (tid & 7) * 4;
     float m = -INFINITY, l = 0.f;
-{% if deep %}
-    for (i64 u = u0; u < u1; ++u) {
-        const int s = (int)((u - u0) % STAGES);
-        cp_async_wait<STAGES - 2>();
-        // Tile u has landed for every thread, and every warp is done with tile u − 1: its stage
-        // takes tile u + STAGES − 1.
-        __syncthreads();
-        ring_refill(s, u);
-{%- else %}
+
     for (i64 t = t0; t < t1; ++t) {
         const int s = (int)((t - t0) & 1);
-        cp_async_wait<1>();
+        ring_wait(s, t);
         __syncthreads();
-{%- endif %}
         const bf16* const kt = ks + s * BN * LDK;
-{%- if key_rows %}
         {
-            static_assert(BN == 32, "two 16-key halves a tile");
-            float acc[HG / 8][4];
+            float acc[4][4];
 #pragma unroll
-            for (int nt = 0; nt < HG / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-            // a[i % 2]: k step i's A fragment of keys kh·16.., read before the previous step's MMAs.
-            unsigned a[2][4];
-            const unsigned ka = smem_addr(kt + (kh * 16 + (lane & 15)) * LDK + kq * QUARTER + (lane >> 4) * 8);
-            ldmatrix_x4(a[0], ka);
-#pragma unroll
-            for (int i = 0; i < KSTEPS; ++i) {
-                if (i + 1 < KSTEPS) ldmatrix_x4(a[(i + 1) & 1], ka + (i + 1) * 32);
-#pragma unroll
-                for (int nt = 0; nt < HG / 8; ++nt) mma_bf16(acc[nt], a[i & 1], qb[i][nt][0], qb[i][nt][1]);
-            }
-            // acc[nt]: keys kh·16 + g and + 8 (rows), heads nt·8 + 2·t4 and + 1 (columns), stored
-            // head-major as the softmax reads them.
-            float* const q = sp + (kq * HG + 2 * t4) * LDS + kh * 16 + g;
-#pragma unroll
-            for (int nt = 0; nt < HG / 8; ++nt) {
-                q[nt * 8 * LDS] = acc[nt][0];
-                q[(nt * 8 + 1) * LDS] = acc[nt][1];
-                q[nt * 8 * LDS + 8] = acc[nt][2];
-                q[(nt * 8 + 1) * LDS + 8] = acc[nt][3];
-            }
-        }
-{%- else %}
-        {
-            float acc[BN / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
+            for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
             // b[i % 2][p]: k step i's fragments of key tiles 2p (regs 0, 1) and 2p + 1 (2, 3).
-            unsigned b[2][BN / 16][4];
+            unsigned b[2][2][4];
             const unsigned kb = smem_addr(kt + ((lane >> 4) * 8 + (lane & 7)) * LDK + kq * QUARTER
                                           + ((lane >> 3) & 1) * 8);
-            auto fetch = [&](unsigned (&r)[BN / 16][4], int i) {
-#pragma unroll
-                for (int p = 0; p < BN / 16; ++p) ldmatrix_x4(r[p], kb + i * 32 + p * 16 * LDK * 2);
+            auto fetch = [&](unsigned (&r)[2][4], int i) {
+                ldmatrix_x4(r[0], kb + i * 32);
+                ldmatrix_x4(r[1], kb + i * 32 + 16 * LDK * 2);
             };
             fetch(b[0], 0);
 #pragma unroll
             for (int i = 0; i < KSTEPS; ++i) {
                 if (i + 1 < KSTEPS) fetch(b[(i + 1) & 1], i + 1);
 #pragma unroll
-                for (int p = 0; p < BN / 16; ++p) {
+                for (int p = 0; p < 2; ++p) {
                     mma_bf16(acc[2 * p], qa[i], b[i & 1][p][0], b[i & 1][p][1]);
                     mma_bf16(acc[2 * p + 1], qa[i], b[i & 1][p][2], b[i & 1][p][3]);
                 }
             }
             float* const q = sp + (kq * HG + ms * 16 + g) * LDS + t4 * 2;
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
+            for (int nt = 0; nt < 4; ++nt) {
                 *reinterpret_cast<float2*>(q + nt * 8) = make_float2(acc[nt][0], acc[nt][1]);
                 *reinterpret_cast<float2*>(q + 8 * LDS + nt * 8) = make_float2(acc[nt][2], acc[nt][3]);
             }
         }
-{%- endif %}
         __syncthreads();
         {
-{%- if deep %}
-            float x[ROW_KEYS] = {0.f, 0.f};
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const float2 v = *reinterpret_cast<const float2*>(sp + (q * HG + srow) * LDS + scol);
-                x[0] += v.x;
-                x[1] += v.y;
-            }
-{%- else %}
-            float x[ROW_KEYS] = {0.f, 0.f, 0.f, 0.f};
+            float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const float4 v = *reinterpret_cast<const float4*>(sp + (q * HG + srow) * LDS + scol);
@@ -218,17 +122,12 @@
                 x[2] += v.z;
                 x[3] += v.w;
             }
-{%- endif %}
 #pragma unroll
-            for (int i = 0; i < ROW_KEYS; ++i) x[i] = visible[s * BN + scol + i] ? x[i] * scale_log2 : -INFINITY;
+            for (int i = 0; i < 4; ++i) x[i] = visible[s * BN + scol + i] ? x[i] * scale_log2 : -INFINITY;
             const float c = online_softmax<ROW_LANES>(x, m, l);
-{%- if deep %}
-            *reinterpret_cast<__nv_bfloat162*>(ps + srow * LDP + scol) = __floats2bfloat162_rn(x[0], x[1]);
-{%- else %}
             const __nv_bfloat162 p01 = __floats2bfloat162_rn(x[0], x[1]), p23 = __floats2bfloat162_rn(x[2], x[3]);
             *reinterpret_cast<uint2*>(ps + srow * LDP + scol) =
                 make_uint2(*reinterpret_cast<const unsigned*>(&p01), *reinterpret_cast<const unsigned*>(&p23));
-{%- endif %}
             if ((tid & (ROW_LANES - 1)) == 0) corr[srow] = c;
         }
         __syncthreads();
@@ -265,11 +164,9 @@
                     }
             }
         }
-{%- if not deep %}
         // Every warp is done with stage s and with this tile's scores and probabilities.
         __syncthreads();
         ring_next(s, t);
-{%- endif %}
     }
 {% include "mla_out.cuh" %}
 }

@@ -360,46 +360,24 @@ fn glm5_absorbed_attention_compiles_for_64_and_8_heads_without_local_memory() {
     }
 }
 
-/// The few-heads attention kernel (`Variant::Mla(MlaKernel::FewHeads)`, which the attention test times) takes
-/// a TP=8 rank's 8 heads, both phases, and compiles for both targets with no local memory, within
-/// SM120's shared memory and at most 128 registers (two blocks an SM of an H200).
+/// The bulk-copy key ring (`Variant::Mla(MlaKernel::BulkCopy)`, which the attention test times)
+/// in both kernels that have the two-stage ring: GLM-5's 64 heads (the wide kernel) and a TP=8
+/// rank's 8 (`mla_absorbed.cu`, at most 128 registers: two blocks an SM of an H200), both phases,
+/// for both targets with no local memory and within SM120's shared memory.
 #[test]
-fn the_few_heads_attention_compiles_for_a_rank_without_local_memory() {
+fn the_bulk_copy_key_ring_compiles_without_local_memory() {
     let nvcc = compiler();
     let (_, m) = common::module("glm5.ron");
     let rank = glmc_passes::partition(&m, 8).unwrap().remove(0);
+    let bulk = Variant::Mla(MlaKernel::BulkCopy);
     for target in [Target::Sm120a, Target::Sm90a] {
-        let usage = variant_compiles(
-            &nvcc,
-            &rank,
-            target,
-            Variant::Mla(MlaKernel::FewHeads),
-            &["mla_absorbed_few"],
-        );
         // Decode, split and unsplit, and the prefill's.
-        assert_eq!(usage.len(), 3, "{target}");
-        for u in usage {
+        let wide = variant_compiles(&nvcc, &m, target, bulk, &["mla_absorbed_wide"]);
+        assert_eq!(wide.len(), 3, "{target}");
+        let narrow = variant_compiles(&nvcc, &rank, target, bulk, &["mla_absorbed"]);
+        assert_eq!(narrow.len(), 3, "{target}");
+        for u in narrow {
             assert!(u.registers <= 128, "{target}: {u}");
-        }
-    }
-}
-
-/// The wide attention's variants the attention test times (the keys as its score MMA's rows,
-/// `Variant::Mla(MlaKernel::WideKeyRows)`; 16-key tiles in a four-stage ring, `Variant::Mla(MlaKernel::WideDeepRing)`) take
-/// GLM-5's 64 heads, both phases, and compile for both targets with no local memory and within
-/// SM120's shared memory.
-#[test]
-fn the_wide_attention_variants_compile_without_local_memory() {
-    let nvcc = compiler();
-    let (_, m) = common::module("glm5.ron");
-    for variant in [
-        Variant::Mla(MlaKernel::WideKeyRows),
-        Variant::Mla(MlaKernel::WideDeepRing),
-    ] {
-        for target in [Target::Sm120a, Target::Sm90a] {
-            let usage = variant_compiles(&nvcc, &m, target, variant, &["mla_absorbed_wide"]);
-            // Decode, split and unsplit, and the prefill's.
-            assert_eq!(usage.len(), 3, "{variant:?} {target}");
         }
     }
 }

@@ -985,8 +985,8 @@ fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
 }
 
 /// Every kernel the shipped models generate, in every dtype, with dense attention, a greedy
-/// head, a tensor-parallel rank (also with the few-heads attention the attention test times),
-/// the wide attention's keys-as-rows and deep-ring forms or the `moe.experts` baseline too,
+/// head, a tensor-parallel rank, both attention kernels' bulk-copy ring or the `moe.experts`
+/// baseline too,
 /// waits for the kernel before it first: the runtime launches them as programmatic dependents.
 /// Together the models reach every template, so a template added without the wait fails here
 /// even before it is first used.
@@ -1036,18 +1036,7 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
         .1;
     let mut reached = std::collections::BTreeSet::new();
     let variant = |m, v| glmc_codegen::lower_module_with(m, Target::Sm120, LIMITS, v).unwrap();
-    let few = variant(
-        rank,
-        glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::FewHeads),
-    );
-    let key_rows = variant(
-        glm5,
-        glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::WideKeyRows),
-    );
-    let deep = variant(
-        glm5,
-        glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::WideDeepRing),
-    );
+    let bulk = glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::BulkCopy);
     let lowered = modules
         .iter()
         .map(|(name, m)| {
@@ -1057,9 +1046,14 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
             )
         })
         .chain([
-            ("glm5.ron rank 0 of 8, few heads".to_string(), few),
-            ("glm5.ron bf16, wide key rows".to_string(), key_rows),
-            ("glm5.ron bf16, wide deep ring".to_string(), deep),
+            (
+                "glm5.ron bf16, bulk copies".to_string(),
+                variant(glm5, bulk),
+            ),
+            (
+                "glm5.ron rank 0 of 8, bulk copies".to_string(),
+                variant(rank, bulk),
+            ),
         ]);
     for (name, mut l) in lowered {
         assert!(l.programmatic_launch, "{name}");

@@ -2993,14 +2993,14 @@ const MLA_WAVE_TILES_PER_SPLIT_VARIANTS: [u64; 2] = [32, 64];
 /// against dense attention, and a 4096-token sparse prefill. Where the interpreter would take
 /// minutes (batch 64 × 32768, the prefill) it checks sampled rows, and batch 64 × 32768 is also
 /// compared in full with the baseline kernel (the same values in f32, which the baseline takes).
-/// Other split lengths at a few rows, the 16-head kernel where 64 heads take the wide one, the
-/// wide kernel's keys-as-rows and deep-ring forms, and at 8 heads the few-heads kernel
-/// (`mla_absorbed_few.cu`), are timed against the shipped choice and checked the same way. Timed
-/// by `run_on_gpu`; written to `attention.md` (and `attention.json`, for `bench/render.py`) with
-/// the roofline: the bytes (each row's visible keys at 1152 bytes, the prefill's cache once,
-/// queries and outputs) at the copy bandwidth measured here, or the FLOPs (2 · heads · (576 +
-/// 512) per visible key) at the mma.sync rate; and, where the top-k lists name keys spanning twice the L2, the gather ceiling
-/// (`read_us`: a kernel that only reads the listed keys, timed the same way).
+/// Other split lengths at a few rows, the 16-head kernel where 64 heads take the wide one, and the
+/// key ring filled by bulk copies, are timed against the shipped choice and checked the same way.
+/// Timed by `run_on_gpu`; written to `attention.md` (and `attention.json`, for `bench/render.py`)
+/// with the roofline: the bytes (each row's visible keys at 1152 bytes, the prefill's cache once,
+/// queries and outputs) at the copy bandwidth measured here, or the FLOPs (2 · heads · (576 + 512)
+/// per visible key) at the mma.sync rate; and, where the top-k lists name keys spanning twice the
+/// L2, the gather ceiling (`read_us`: a kernel that only reads the listed keys, timed the same
+/// way).
 #[test]
 #[ignore = "gpu"]
 fn glm5_absorbed_attention_matches_and_is_timed() {
@@ -3312,8 +3312,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         // a key tile or two each and the merge reads all of them: other split lengths are timed
         // against the shipped one, each checked against the interpreter, and at batch 64 fewer
         // splits; so is the narrow kernel (16 heads a block) where the heads take the wide one
-        // on many rows, the wide kernel's keys-as-rows scores and deep ring wherever it runs,
-        // and the few-heads kernel wherever a block holds 8 heads.
+        // on many rows, and the key ring filled by bulk copies everywhere.
         let tiles_per_split: &[u64] = match c.rows {
             ..=8 if listed => &MLA_TILES_PER_SPLIT_VARIANTS,
             64.. if listed && c.context == 32768 => &MLA_WAVE_TILES_PER_SPLIT_VARIANTS,
@@ -3328,25 +3327,13 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 )
             })
             .collect();
-        if kernels.contains("mla_absorbed_wide") {
-            if c.rows >= 64 && c.context >= 2048 {
-                variants.push(("16 heads a block".into(), Variant::Mla(MlaKernel::Narrow)));
-            }
-            variants.push((
-                "keys as score rows".into(),
-                Variant::Mla(MlaKernel::WideKeyRows),
-            ));
-            variants.push((
-                "16-key tiles, four stages".into(),
-                Variant::Mla(MlaKernel::WideDeepRing),
-            ));
+        if kernels.contains("mla_absorbed_wide") && c.rows >= 64 && c.context >= 2048 {
+            variants.push(("16 heads a block".into(), Variant::Mla(MlaKernel::Narrow)));
         }
-        if c.heads <= 8 {
-            variants.push((
-                "keys as rows, five stages".into(),
-                Variant::Mla(MlaKernel::FewHeads),
-            ));
-        }
+        variants.push((
+            "keys by bulk copy".into(),
+            Variant::Mla(MlaKernel::BulkCopy),
+        ));
         for (label, variant) in &variants {
             let lower = |m: &Module, t, l| lower_module_with(m, t, l, *variant).unwrap();
             let run = run_on_gpu_with(&dev, &module, limits, &ins, &b, true, &lower);
