@@ -1,9 +1,9 @@
-{#- Where every absorbed-MLA kernel's blocks start: their row, head group and split (returning
-    where the split holds no key), the thread's place in its warp, and how its threads copy keys
-    into a ring of BN-key stages (KEY_LANES = 2^KEY_SHIFT threads a key, each the latent vectors
-    lsub, lsub + KEY_LANES, … and the rope vector lsub when lsub < 8, into ks rows LDK apart, with a
-    `visible` flag per key of a stage): key_of(tile) is the cache row of the thread's key in a
-    BN-key tile (−1: none), load(stage, j) copies cache row j into its place in a stage. The
+{#- Where every absorbed-MLA kernel's blocks start: their row, head group and split (returning where
+    the split holds no key), the thread's place in its warp, and how its threads copy keys into a
+    ring of BN-key stages (KEY_LANES = 2^KEY_SHIFT threads a key, each the latent vectors lsub, lsub
+    + KEY_LANES, … and the rope vector lsub when lsub < 8, into ks rows LDK apart, with a `visible`
+    flag per key of a stage): key_at(tile, k) is the cache row of key k of a BN-key tile (−1: none),
+    key_of(tile) the thread's, load(stage, j) copies cache row j into its place in a stage. The
     split's 32-key tiles (mla_split.cuh) are t0..t1. Needs GROUPS, BN, KEY_SHIFT, D1, LDK and
     THREADS, ks and visible, and the kernel's arguments. #}
     const i64 blk = blockIdx.x;
@@ -27,16 +27,17 @@
     const int lkey = tid >> KEY_SHIFT, lsub = tid & (KEY_LANES - 1);
     const bf16* const k1r = k1 + row * k1_seq;
     const bf16* const k2r = k2 + row * k2_seq;
-    // The cache row of this thread's key in `tile` (−1: none). Its value is used a tile later
-    // than it is read, so the read of a top-k entry is off the copy's critical path.
-    auto key_of = [&](i64 tile) -> i64 {
-        const i64 slot = tile * BN + lkey;
+    // The cache row of key k of `tile` (−1: none), and of this thread's key. Its value is used a
+    // tile later than it is read, so the read of a top-k entry is off the copy's critical path.
+    auto key_at = [&](i64 tile, int k) -> i64 {
+        const i64 slot = tile * BN + k;
         if (slot >= keys) return -1;
 {%- if sparse %}
         if (listed) return list[slot];
 {%- endif %}
         return slot;
     };
+    auto key_of = [&](i64 tile) { return key_at(tile, lkey); };
     auto load = [&](int stage, i64 j) {
         const bool ok = j >= 0 && j <= pos;
         if (lsub == 0) visible[stage * BN + lkey] = ok;

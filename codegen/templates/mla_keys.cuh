@@ -7,7 +7,7 @@
     latent and rope rows) that complete a transaction count on the stage's mbarrier. Needs what
     mla_block.cuh needs but KEY_SHIFT; `bulk` also 16 bytes of shared memory after the 2 · BN
     visibility flags, 8-byte aligned. #}
-    static_assert(BN == 32, "mla_split.cuh tiles the keys by 32");
+    static_assert(BN == 32, "mla_split.cuh tiles the keys by 32; bulk: warp 0's lanes are its keys");
     constexpr int KEY_SHIFT = 3;  // 8 threads a key
 {% include "mla_block.cuh" %}
 {%- if bulk %}
@@ -17,7 +17,6 @@
     // cause, not a measured one), and each of those copies cost 24 L2 sectors and 10.5 shared
     // wavefronts for an ideal 16 and 4. Two bulk copies a key take the gather off the threads
     // that compute.
-    static_assert(BN == 32, "warp 0's lanes are a tile's keys");
     unsigned long long* const landed = reinterpret_cast<unsigned long long*>(visible + 2 * BN);
     const unsigned landed_at = smem_addr(landed);
     // A key that is not visible is not copied: its row keeps what an earlier tile (or the zeros
@@ -31,15 +30,7 @@
     // The zeros are written before any bulk copy lands in the same rows.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    // The cache row of warp 0's lane's key in `tile` (−1: none), read a tile before its copy.
-    auto lane_key = [&](i64 tile) -> i64 {
-        const i64 slot = tile * BN + lane;
-        if (slot >= keys) return -1;
-{%- if sparse %}
-        if (listed) return list[slot];
-{%- endif %}
-        return slot;
-    };
+    // Warp 0's lane's key in the next tile to be issued (key_at: lane k copies key k).
     i64 jn = -1;
     auto issue = [&](int stage, i64 j) {
         const bool ok = j >= 0 && j <= pos;
@@ -62,17 +53,17 @@
     };
     auto ring_start = [&]() {
         if (warp == 0) {
-            const i64 j0 = lane_key(t0), j1 = lane_key(t0 + 1);
+            const i64 j0 = key_at(t0, lane), j1 = key_at(t0 + 1, lane);
             if (t0 < t1) issue(0, j0);
             if (t0 + 1 < t1) issue(1, j1);
-            jn = lane_key(t0 + 2);
+            jn = key_at(t0 + 2, lane);
         }
         cp_async_commit();
     };
     auto ring_next = [&](int stage, i64 t) {
         if (warp == 0) {
             if (t + 2 < t1) issue(stage, jn);
-            jn = lane_key(t + 3);
+            jn = key_at(t + 3, lane);
         }
     };
     // Stage s holds tiles t0 + s, t0 + s + 2, …: its n-th use completes phase n of its mbarrier.
