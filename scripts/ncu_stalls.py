@@ -6,7 +6,8 @@
 
 Prints the warp-state samples of the whole kernel by stall reason, then the TOP (default 25)
 instructions with the most samples, each with its two largest reasons, then the instructions that
-read or write more L2 sectors than their accesses need (ncu's "excessive" sectors).
+read or write more L2 sectors, or take more shared-memory wavefronts, than their accesses need
+(ncu's "excessive" sectors and wavefronts).
 """
 import collections
 import csv
@@ -39,11 +40,14 @@ def main(path, top=25):
         two = sorted(((n(r, h), h) for h in reasons), reverse=True)[:2]
         why = ", ".join(f"{h} {v}" for v, h in two if v)
         print(f"  {r[0][-5:]} {s:6d} {100 * s / total:5.1f}%  {r[1].strip()[:56]:56s} {why}")
-    excess = "L2 Theoretical Sectors Global Excessive"
-    print(f"excessive L2 sectors: {sum(n(r, excess) for r in data)}")
-    for r in sorted(data, key=lambda r: -n(r, excess))[:top]:
-        if n(r, excess):
-            print(f"  {r[0][-5:]} {n(r, excess):8d} of {n(r, 'L2 Theoretical Sectors Global'):8d}  {r[1].strip()[:56]}")
+    for what, of in [("L2 sectors", "L2 Theoretical Sectors Global"), ("shared wavefronts", "L1 Wavefronts Shared")]:
+        excess = of + " Excessive"
+        if excess not in col:
+            continue
+        print(f"excessive {what}: {sum(n(r, excess) for r in data)} of {sum(n(r, of) for r in data)}")
+        for r in sorted(data, key=lambda r: -n(r, excess))[:top]:
+            if n(r, excess):
+                print(f"  {r[0][-5:]} {n(r, excess):8d} of {n(r, of):8d}  {r[1].strip()[:56]}")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,10 @@
             if (t0 + 1 < t1) issue(1, j1);
             jn = key_at(t0 + 2, lane);
         }
+        // mla_absorbed.cu's queries, copied by cp.async before this, land while the first tiles
+        // are on their way.
         cp_async_commit();
+        cp_async_wait<0>();
     };
     auto ring_next = [&](int stage, i64 t) {
         if (warp == 0) {
@@ -68,7 +71,6 @@
     };
     // Stage s holds tiles t0 + s, t0 + s + 2, …: its n-th use completes phase n of its mbarrier.
     auto ring_wait = [&](int stage, i64 t) {
-        cp_async_wait<0>();
         const unsigned bar = landed_at + 8 * stage, parity = (unsigned)((t - t0) >> 1) & 1;
         unsigned done = 0;
         while (!done)

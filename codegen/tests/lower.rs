@@ -986,10 +986,9 @@ fn a_greedy_lm_head_is_one_gemm_with_an_argmax_epilogue() {
 
 /// Every kernel the shipped models generate, in every dtype, with dense attention, a greedy
 /// head, a tensor-parallel rank, both attention kernels' bulk-copy ring or the `moe.experts`
-/// baseline too,
-/// waits for the kernel before it first: the runtime launches them as programmatic dependents.
-/// Together the models reach every template, so a template added without the wait fails here
-/// even before it is first used.
+/// baseline too, waits for the kernel before it first: the runtime launches them as programmatic
+/// dependents. Together the models reach every template, so a template added without the wait
+/// fails here even before it is first used.
 #[test]
 fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
     use glmc_codegen::render::{self, GRID_DEPENDENCY_CONTROL, TEMPLATES};
