@@ -2132,6 +2132,11 @@ const MLA_SHARED: u32 =
 /// (rows padded by 8), three floats per head and two visibility flags per key.
 const MLA_WIDE_SHARED: u32 =
     (2 * 32 * 584 * 2 + 4 * 32 * 40 * 4 + 32 * 40 * 2 + 3 * 32 * 4 + 2 * 32) as u32;
+const MLA_WIDE64_HEAD_TILE: u64 = 64;
+/// The 64-head kernel's: two key stages, two score halves of 64 heads (swizzled, unpadded), the
+/// probabilities (rows padded by 8), three floats per head and two visibility flags per key.
+const MLA_WIDE64_SHARED: u32 =
+    (2 * 32 * 584 * 2 + 2 * 64 * 32 * 4 + 64 * 40 * 2 + 3 * 64 * 4 + 2 * 32) as u32;
 /// Most context splits per (row, head group): beyond it the merge reads more than a split
 /// computes at GLM-5's top-k of 2048.
 const MLA_MAX_SPLITS: u64 = 128;
@@ -2175,6 +2180,9 @@ pub enum MlaKernel {
     /// latent and rope rows onto the stage's mbarrier, instead of 9 cp.async of 16 bytes in each
     /// of the 256 threads ([`MLA_BULK_BARRIERS`] more bytes of shared memory).
     BulkCopy,
+    /// 64 heads a block (`mla_absorbed_wide64.cu`) where they divide the heads: one block reads a
+    /// row's keys for all of GLM-5's heads, with twice the wide kernel's registers a thread.
+    Wide64,
 }
 
 /// The bulk-copy ring's two mbarriers ([`MlaKernel::BulkCopy`]).
@@ -2228,7 +2236,7 @@ pub fn mla_split_tiers(
     tiers
 }
 
-/// Blocks of the absorbed attention a target holds at once: the wide kernel one an SM (its 194
+/// Blocks of the absorbed attention a target holds at once: the wide kernels one an SM (their
 /// registers a thread), the others as many as the SM's shared memory holds of their `shared`
 /// bytes.
 fn mla_resident_blocks(target: Target, wide: bool, shared: u32) -> u64 {
@@ -2304,18 +2312,22 @@ fn mla_absorbed(
         .eval(cx.limits)
         .ok_or_else(|| format!("the row count {rows} is not bound by the limits"))?
         .max(1) as u64;
-    let wide = cx.mla_kernel != Some(MlaKernel::Narrow) && heads.is_multiple_of(MLA_WIDE_HEAD_TILE);
-    let head_tile = if wide {
-        MLA_WIDE_HEAD_TILE
+    let wide64 =
+        cx.mla_kernel == Some(MlaKernel::Wide64) && heads.is_multiple_of(MLA_WIDE64_HEAD_TILE);
+    let wide = wide64
+        || cx.mla_kernel != Some(MlaKernel::Narrow) && heads.is_multiple_of(MLA_WIDE_HEAD_TILE);
+    let (template, shared, head_tile) = if wide64 {
+        (
+            "mla_absorbed_wide64",
+            MLA_WIDE64_SHARED,
+            MLA_WIDE64_HEAD_TILE,
+        )
+    } else if wide {
+        ("mla_absorbed_wide", MLA_WIDE_SHARED, MLA_WIDE_HEAD_TILE)
     } else {
-        heads.min(MLA_HEAD_TILE)
+        ("mla_absorbed", MLA_SHARED, heads.min(MLA_HEAD_TILE))
     };
     let groups = heads / head_tile;
-    let (template, shared) = if wide {
-        ("mla_absorbed_wide", MLA_WIDE_SHARED)
-    } else {
-        ("mla_absorbed", MLA_SHARED)
-    };
     let bulk = cx.mla_kernel == Some(MlaKernel::BulkCopy);
     let shared = shared + if bulk { MLA_BULK_BARRIERS } else { 0 };
     let topk = if sparse {

@@ -46,6 +46,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         "mla_absorbed_wide",
         include_str!("../templates/mla_absorbed_wide.cu"),
     ),
+    (
+        "mla_absorbed_wide64",
+        include_str!("../templates/mla_absorbed_wide64.cu"),
+    ),
     ("mla_block.cuh", include_str!("../templates/mla_block.cuh")),
     ("mla_head.cuh", include_str!("../templates/mla_head.cuh")),
     ("mla_keys.cuh", include_str!("../templates/mla_keys.cuh")),

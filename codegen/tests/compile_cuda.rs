@@ -382,6 +382,25 @@ fn the_bulk_copy_key_ring_compiles_without_local_memory() {
     }
 }
 
+/// The 64-head absorbed attention (`MlaKernel::Wide64`) at GLM-5's heads, decode split and
+/// unsplit and the prefill's: no local memory on either target, with its 72 query and 128 output
+/// registers a thread.
+#[test]
+fn the_64_head_attention_compiles_without_local_memory() {
+    let nvcc = compiler();
+    let (_, m) = common::module("glm5.ron");
+    for target in [Target::Sm120a, Target::Sm90a] {
+        let wide = variant_compiles(
+            &nvcc,
+            &m,
+            target,
+            Variant::Mla(MlaKernel::Wide64),
+            &["mla_absorbed_wide64"],
+        );
+        assert_eq!(wide.len(), 3, "{target}");
+    }
+}
+
 /// The kernels of a greedy build's `matmul.argmax` (the slot clearing and finishing kernels,
 /// and the skinny GEMM and the GEMV with the argmax epilogue) at the tiny and GLM-5 sizes, in
 /// bf16 and f32: no local memory on either target.

@@ -3312,7 +3312,8 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         // a key tile or two each and the merge reads all of them: other split lengths are timed
         // against the shipped one, each checked against the interpreter, and at batch 64 fewer
         // splits; so is the narrow kernel (16 heads a block) where the heads take the wide one
-        // on many rows, and the key ring filled by bulk copies everywhere.
+        // on many rows, the key ring filled by bulk copies everywhere, and the 64-head kernel
+        // wherever the wide one runs 64 heads.
         let tiles_per_split: &[u64] = match c.rows {
             ..=8 if listed => &MLA_TILES_PER_SPLIT_VARIANTS,
             64.. if listed && c.context == 32768 => &MLA_WAVE_TILES_PER_SPLIT_VARIANTS,
@@ -3334,6 +3335,9 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             "keys by bulk copy".into(),
             Variant::Mla(MlaKernel::BulkCopy),
         ));
+        if kernels.contains("mla_absorbed_wide") && c.heads % 64 == 0 {
+            variants.push(("64 heads a block".into(), Variant::Mla(MlaKernel::Wide64)));
+        }
         for (label, variant) in &variants {
             let lower = |m: &Module, t, l| lower_module_with(m, t, l, *variant).unwrap();
             let run = run_on_gpu_with(&dev, &module, limits, &ins, &b, true, &lower);

@@ -5,7 +5,9 @@
 # MMA of a tile held on the long scoreboard behind the ring's 9 cp.async a thread. This call
 # times the ring filled by bulk copies instead (`Variant::Mla(MlaKernel::BulkCopy)`, both
 # kernels that have the two-stage ring) beside the shipped kernels in the attention test, each
-# checked against the interpreter. Pack, built here from the tree of the session that runs it
+# checked against the interpreter, and, from the twenty-second session's pack on, the 64-head
+# kernel (`Variant::Mla(MlaKernel::Wide64)`, mla_absorbed_wide64.cu) wherever the wide kernel
+# runs 64 heads. Pack, built here from the tree of the session that runs it
 # (the call that was refused carried one built before the losing variants were removed):
 # `cargo build --release --locked --bin glmc` into
 # DIR/glmc and the executables of `cargo test --release --locked -p glmc-runtime --test
