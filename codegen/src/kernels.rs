@@ -2132,6 +2132,7 @@ const MLA_SHARED: u32 =
 /// (rows padded by 8), three floats per head and two visibility flags per key.
 const MLA_WIDE_SHARED: u32 =
     (2 * 32 * 584 * 2 + 4 * 32 * 40 * 4 + 32 * 40 * 2 + 3 * 32 * 4 + 2 * 32) as u32;
+/// Heads per block of [`MlaKernel::Wide64`] (`mla_absorbed_wide64.cu`).
 const MLA_WIDE64_HEAD_TILE: u64 = 64;
 /// The 64-head kernel's: two key stages, two score halves of 64 heads (swizzled, unpadded), the
 /// probabilities (rows padded by 8), three floats per head and two visibility flags per key.

@@ -619,9 +619,10 @@ fn sparse_absorbed_attention_splits_hold_the_tiles_asked_for() {
 }
 
 /// GLM-5's 64 heads take the wide kernel (32 heads a block) at both phases; the sweep's
-/// `MlaKernel::Narrow` keeps them to 16 a block, twice the blocks a row.
+/// `MlaKernel::Narrow` keeps them to 16 a block, twice the blocks a row, and `MlaKernel::Wide64`
+/// takes them all in one block a row.
 #[test]
-fn the_absorbed_attention_takes_32_heads_a_block_unless_asked_for_16() {
+fn the_absorbed_attention_takes_32_heads_a_block_unless_asked_for_16_or_64() {
     use glmc_codegen::expr::Bindings;
     use glmc_codegen::{lower_module_with, MlaKernel, Variant};
     let glm5 = module("glm5.ron").1;
@@ -656,13 +657,8 @@ fn the_absorbed_attention_takes_32_heads_a_block_unless_asked_for_16() {
         )
     };
     let wide = lower_module(&glm5, Target::Sm90a, LIMITS).unwrap();
-    let narrow = lower_module_with(
-        &glm5,
-        Target::Sm90a,
-        LIMITS,
-        Variant::Mla(MlaKernel::Narrow),
-    )
-    .unwrap();
+    let asked = |k| lower_module_with(&glm5, Target::Sm90a, LIMITS, Variant::Mla(k)).unwrap();
+    let (narrow, wide64) = (asked(MlaKernel::Narrow), asked(MlaKernel::Wide64));
     for p in ["decode", "prefill"] {
         assert_eq!(
             attention(&wide, p),
@@ -672,6 +668,11 @@ fn the_absorbed_attention_takes_32_heads_a_block_unless_asked_for_16() {
         assert_eq!(
             attention(&narrow, p),
             ("mla_absorbed".into(), 256, 4),
+            "{p}"
+        );
+        assert_eq!(
+            attention(&wide64, p),
+            ("mla_absorbed_wide64".into(), 256, 1),
             "{p}"
         );
     }
@@ -1036,6 +1037,7 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
     let mut reached = std::collections::BTreeSet::new();
     let variant = |m, v| glmc_codegen::lower_module_with(m, Target::Sm120, LIMITS, v).unwrap();
     let bulk = glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::BulkCopy);
+    let wide64 = glmc_codegen::Variant::Mla(glmc_codegen::MlaKernel::Wide64);
     let lowered = modules
         .iter()
         .map(|(name, m)| {
@@ -1052,6 +1054,10 @@ fn every_generated_kernel_waits_for_the_kernel_before_it_first() {
             (
                 "glm5.ron rank 0 of 8, bulk copies".to_string(),
                 variant(rank, bulk),
+            ),
+            (
+                "glm5.ron bf16, 64 heads a block".to_string(),
+                variant(glm5, wide64),
             ),
         ]);
     for (name, mut l) in lowered {

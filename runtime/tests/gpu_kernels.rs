@@ -2993,8 +2993,10 @@ const MLA_WAVE_TILES_PER_SPLIT_VARIANTS: [u64; 2] = [32, 64];
 /// against dense attention, and a 4096-token sparse prefill. Where the interpreter would take
 /// minutes (batch 64 × 32768, the prefill) it checks sampled rows, and batch 64 × 32768 is also
 /// compared in full with the baseline kernel (the same values in f32, which the baseline takes).
-/// Other split lengths at a few rows, the 16-head kernel where 64 heads take the wide one, and the
-/// key ring filled by bulk copies, are timed against the shipped choice and checked the same way.
+/// Other split lengths at a few rows, the 16-head kernel where 64 heads take the wide one, the
+/// key ring filled by bulk copies and the 64-head kernel are timed against the shipped choice and
+/// checked the same way. `GLMC_ATTENTION_CASES` (heads×rows×context, comma-separated) runs only
+/// the cases it names.
 /// Timed by `run_on_gpu`; written to `attention.md` (and `attention.json`, for `bench/render.py`)
 /// with the roofline: the bytes (each row's visible keys at 1152 bytes, the prefill's cache once,
 /// queries and outputs) at the copy bandwidth measured here, or the FLOPs (2 · heads · (576 + 512)
@@ -3065,6 +3067,17 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         ..case("prefill, sparse", "prefill", 64, 4096, 4096)
     });
     cases.push(case("prefill, few rows", "prefill", 64, 3, 4096));
+    // A short device call runs only the cases it names, as heads×rows×context (each with its
+    // variants; the later cases' random inputs then differ from a full run's).
+    if let Some(only) = std::env::var_os("GLMC_ATTENTION_CASES") {
+        let only = only.to_string_lossy().into_owned();
+        let keys: Vec<&str> = only.split(',').collect();
+        cases.retain(|c| keys.contains(&format!("{}x{}x{}", c.heads, c.rows, c.context).as_str()));
+        assert!(
+            !cases.is_empty(),
+            "GLMC_ATTENTION_CASES={only} names no case"
+        );
+    }
 
     let dev = Device::open();
     let copy_gbs = measure_copy_bandwidth(&dev);
