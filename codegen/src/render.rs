@@ -54,6 +54,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("mla_head.cuh", include_str!("../templates/mla_head.cuh")),
     ("mla_keys.cuh", include_str!("../templates/mla_keys.cuh")),
     ("mla_out.cuh", include_str!("../templates/mla_out.cuh")),
+    (
+        "mla_scores.cuh",
+        include_str!("../templates/mla_scores.cuh"),
+    ),
     ("mla_merge", include_str!("../templates/mla_merge.cu")),
     ("mla_split.cuh", include_str!("../templates/mla_split.cuh")),
     (

@@ -49,25 +49,9 @@
     // The ring's first two tiles are on their way before the queries are read.
     ring_start();
 
-    // The A fragments of heads ms·16 + g (and + 8) over dims kq·144 + i·16.., read from global
-    // memory once: a0/a1 the first 8 dims of rows g and g + 8, a2/a3 the next 8.
-    unsigned qa[KSTEPS][4];
-    {
-        const i64 h = group * HG + ms * 16 + g;
-        const bf16* const r1 = q1 + row * q1_row + h * q1_head;
-        const bf16* const r2 = q2 + row * q2_row + h * q2_head;
-        const i64 h8_1 = 8 * q1_head, h8_2 = 8 * q2_head;
-#pragma unroll
-        for (int i = 0; i < KSTEPS; ++i) {
-            const int c = kq * QUARTER + i * 16 + t4 * 2;
-            const bf16* const p = c < D1 ? r1 + c : r2 + (c - D1);
-            const i64 h8 = c < D1 ? h8_1 : h8_2;
-            qa[i][0] = *reinterpret_cast<const unsigned*>(p);
-            qa[i][1] = *reinterpret_cast<const unsigned*>(p + h8);
-            qa[i][2] = *reinterpret_cast<const unsigned*>(p + 8);
-            qa[i][3] = *reinterpret_cast<const unsigned*>(p + h8 + 8);
-        }
-    }
+    // The warp's heads and dims in the score MMAs.
+    const int qhead = ms * 16, qdim = kq * QUARTER;
+{% include "mla_scores.cuh" %}
 
     float o[MI][8][4];
     zero_tiles(o);
@@ -82,28 +66,7 @@
         const bf16* const kt = ks + s * BN * LDK;
         {
             float acc[4][4];
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-            // b[i % 2][p]: k step i's fragments of key tiles 2p (regs 0, 1) and 2p + 1 (2, 3).
-            unsigned b[2][2][4];
-            const unsigned kb = smem_addr(kt + ((lane >> 4) * 8 + (lane & 7)) * LDK + kq * QUARTER
-                                          + ((lane >> 3) & 1) * 8);
-            auto fetch = [&](unsigned (&r)[2][4], int i) {
-                ldmatrix_x4(r[0], kb + i * 32);
-                ldmatrix_x4(r[1], kb + i * 32 + 16 * LDK * 2);
-            };
-            fetch(b[0], 0);
-#pragma unroll
-            for (int i = 0; i < KSTEPS; ++i) {
-                if (i + 1 < KSTEPS) fetch(b[(i + 1) & 1], i + 1);
-#pragma unroll
-                for (int p = 0; p < 2; ++p) {
-                    mma_bf16(acc[2 * p], qa[i], b[i & 1][p][0], b[i & 1][p][1]);
-                    mma_bf16(acc[2 * p + 1], qa[i], b[i & 1][p][2], b[i & 1][p][3]);
-                }
-            }
+            scores(kt, acc);
             float* const q = sp + (kq * HG + ms * 16 + g) * LDS + t4 * 2;
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
