@@ -11,7 +11,7 @@ use glmc_ir::{DType, Node, Op, RopeSpan};
 
 use crate::expr::{Bindings, GridDim, Guard, Poly};
 use crate::layout::{Rows, TensorRef};
-use crate::schedule::{Arg, ArgValue};
+use crate::schedule::{Arg, ArgValue, Kernel};
 use crate::target::Target;
 
 mod prefill;
@@ -1477,6 +1477,55 @@ const SKINNY_GEMM_16_ONE_WAVE: GemmTile = GemmTile {
     ],
     ..SKINNY_GEMM_16
 };
+
+/// Most bytes of x a 16-row skinny GEMM block stages in shared memory (`gemm_x_stage.cuh`): with
+/// its partial sums beside them a block stays under half of SM120's 99 KiB, so the two blocks an
+/// SM that the one-wave and persistent tiles run at still fit.
+const SKINNY_X_STAGE_BYTES: u64 = 34 * 1024;
+
+/// The rows of x a 16-row skinny GEMM of reduction length `k` stages in shared memory: the
+/// whole 16-row tile where it fits [`SKINNY_X_STAGE_BYTES`], else 8 (a decode batch of up to 8;
+/// more rows take the kernel's loads from global memory), else none (K past 2048: GLM-5's long
+/// projections, whose weight stream hides x's loads).
+pub fn skinny_x_rows(k: u64) -> Option<u64> {
+    [16, 8]
+        .into_iter()
+        .find(|rows| rows * skinny_x_row(k) * 2 <= SKINNY_X_STAGE_BYTES)
+}
+
+/// Elements of a staged row of x: K padded as `gemm_x_stage.cuh` pads it, so that a row starts
+/// 16 banks after the one before.
+fn skinny_x_row(k: u64) -> u64 {
+    k + 2 * ((48 - k / 2 % 32) % 32)
+}
+
+/// Kernel `k`, a 16-row skinny GEMM (`gemm_skinny.cu` with one row tile, or
+/// `gemm_skinny_persistent.cu`), with its block's rows of x staged in shared memory
+/// ([`skinny_x_rows`]) and at most the blocks an SM that SM120's shared memory then holds, or
+/// `None` where its K is too long or it is no such kernel. A variant the skinny sweep
+/// (`glm5_skinny_gemm_variants_are_timed`) times beside the shipped kernels.
+pub fn with_x_staged(k: &Kernel) -> Option<Kernel> {
+    let param = |name: &str| k.params.get(name).and_then(|v| v.parse::<u64>().ok());
+    let one_row_tile = match k.template.as_str() {
+        "gemm_skinny" => param("mt") == Some(1),
+        PERSISTENT_SKINNY => true,
+        _ => false,
+    };
+    let kk = param("k")?;
+    let rows = skinny_x_rows(kk).filter(|_| one_row_tile)?;
+    let mut staged = k.clone();
+    staged.params.insert("x_rows".to_string(), rows.to_string());
+    staged.shared_bytes += (rows * skinny_x_row(kk) * 2) as u32;
+    // A tile asking for more blocks an SM than SM120's shared memory then holds asks for those
+    // (and gets their registers).
+    let fit = Target::Sm120.blocks_fitting_shared_memory(staged.shared_bytes.into());
+    if param("min_blocks").is_some_and(|b| b > fit) {
+        staged
+            .params
+            .insert("min_blocks".to_string(), fit.to_string());
+    }
+    Some(staged)
+}
 
 /// Columns (over all heads) below which a weight is narrow and takes [`SKINNY_GEMM_16_NARROW`]
 /// or [`SIMT_GEMV_SPLIT`]: 16-column tiles would give fewer than two blocks an SM on the target
@@ -3315,6 +3364,41 @@ mod tests {
         // Four roundings of half an f32 ulp near π (the fmas against C2 and C3, the error terms'
         // sum and the last add) bound it by 5e-7, the size of __sincosf's own error there.
         assert!(worst < 5e-7, "the f32 angle is {worst:e} from the f64 one");
+    }
+
+    #[test]
+    fn x_is_staged_for_the_whole_tile_or_eight_rows_where_it_fits() {
+        // GLM-5's K: q_absorbed, attn, wq_b / q_b_proj / the shared expert's down projection,
+        // then the long ones.
+        let rows: Vec<_> = [192, 512, 2048, 6144, 12288, 16384]
+            .into_iter()
+            .map(skinny_x_rows)
+            .collect();
+        assert_eq!(rows, [Some(16), Some(16), Some(8), None, None, None]);
+        // Each row starts 16 banks (64 bytes) after the one before, for K of 32 and 64 multiples.
+        for k in [192, 512, 544, 2048, 2080] {
+            assert_eq!(skinny_x_row(k) / 2 % 32, 16, "K = {k}");
+            assert!(skinny_x_row(k) % 8 == 0 && skinny_x_row(k) >= k, "K = {k}");
+        }
+        // A staged kernel declares the rows with its partial sums; other kernels are not staged.
+        let skinny = |template: &str, mt: &str, k: &str| Kernel {
+            name: "k".into(),
+            template: template.into(),
+            params: BTreeMap::from([("mt".into(), mt.into()), ("k".into(), k.into())]),
+            threads: 256,
+            shared_bytes: 8192,
+        };
+        let staged = with_x_staged(&skinny("gemm_skinny", "1", "2048")).unwrap();
+        assert_eq!(staged.params["x_rows"], "8");
+        assert_eq!(staged.shared_bytes, 8192 + 8 * 2080 * 2);
+        assert!(with_x_staged(&skinny(PERSISTENT_SKINNY, "1", "512")).is_some());
+        // Three blocks an SM of 41 KiB do not fit SM120's shared memory: two do.
+        let mut three = skinny("gemm_skinny", "1", "2048");
+        three.params.insert("min_blocks".into(), "3".into());
+        assert_eq!(with_x_staged(&three).unwrap().params["min_blocks"], "2");
+        assert!(with_x_staged(&skinny("gemm_skinny", "4", "2048")).is_none());
+        assert!(with_x_staged(&skinny("gemm_skinny", "1", "6144")).is_none());
+        assert!(with_x_staged(&skinny("gemm_mma", "1", "2048")).is_none());
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("embed", include_str!("../templates/embed.cu")),
     ("gemm_argmax", include_str!("../templates/gemm_argmax.cu")),
     ("gemm_head.cuh", include_str!("../templates/gemm_head.cuh")),
+    (
+        "gemm_x_stage.cuh",
+        include_str!("../templates/gemm_x_stage.cuh"),
+    ),
     ("gemm_mma", include_str!("../templates/gemm_mma.cu")),
     ("gemm_skinny", include_str!("../templates/gemm_skinny.cu")),
     (

@@ -61,6 +61,12 @@
     zero_tiles(acc);
 
     const uint4 zero = make_uint4(0, 0, 0, 0);
+{%- if x_rows is defined %}
+    static_assert(MT == 1, "x is staged for the one-row-tile form");
+{% include "gemm_x_stage.cuh" %}
+    // Whether this block's rows of x are in xs (set after the wait).
+    bool staged = false;
+{%- endif %}
     auto fetch = [&](int ch, uint4 (&wq)[NT], auto early) {
         const int k0 = ch * CHUNK;
         const bool in_k = ch < CHUNKS && k0 + t4 * 8 < K;
@@ -73,6 +79,12 @@
     // Row tile mi of x's fragments of chunk ch (zero past K and for rows past the last): slots
     // (a0..a3) = (row g, row g + 8) × (first, second k pair) of each half chunk.
     auto load_x = [&](int ch, int mi, uint4 (&xq)[2]) {
+{%- if x_rows is defined %}
+        if (staged) {
+            x_staged(ch, xq);
+            return;
+        }
+{%- endif %}
         const int k0 = ch * CHUNK;
         const bool in_k = ch < CHUNKS && k0 + t4 * 8 < K;
         // As for the weights, the address stays inside x where no load is wanted.
@@ -96,6 +108,9 @@
     for (int d = 0; d < DEPTH; ++d) fetch(wk + d * WARPS_K, ring[d], Flag<true>{});
     // Only weights above (see weights_before_wait): x is the kernel before's output.
     grid_dependency_control();
+{%- if x_rows is defined %}
+    staged = stage_x(m0, h);
+{%- endif %}
     uint4 xq[2];
     if constexpr (X_AHEAD) load_x(wk, 0, xq);
     for (int ch = wk; ch < CHUNKS; ch += DEPTH * WARPS_K) {

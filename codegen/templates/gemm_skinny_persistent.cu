@@ -40,6 +40,14 @@
         }
     };
     const uint4 zero = make_uint4(0, 0, 0, 0);
+{%- if x_rows is defined %}
+{% include "gemm_x_stage.cuh" %}
+    // Whether xs holds the current tile's rows of x, and of which row tile and head it holds them
+    // (a block's tiles share them wherever there is one head and one row tile: q_b_proj).
+    bool staged = false;
+    i64 xs_m0 = -1;
+    int xs_h = -1;
+{%- endif %}
     auto fetch = [&](int ch, uint4 (&wq)[NT], auto early) {
         const int k0 = ch * CHUNK;
         // Where K is whole chunks the lane's k offset is not compared (nor kept in a register).
@@ -55,6 +63,12 @@
     // x's fragments of chunk ch (zero past K and for rows past the last): slots (a0..a3) =
     // (row g, row g + 8) × (first, second k pair) of each half chunk.
     auto load_x = [&](int ch, uint4 (&xq)[2]) {
+{%- if x_rows is defined %}
+        if (staged) {
+            x_staged(ch, xq);
+            return;
+        }
+{%- endif %}
         const int k0 = ch * CHUNK;
         const bool in_k = ch < CHUNKS && (K % CHUNK == 0 || k0 + t4 * 8 < K);
         // As for the weights, the address stays inside x where no load is wanted.
@@ -85,6 +99,14 @@
     grid_dependency_control();
     for (; t < tiles; t += gridDim.x) {
         const Tile cur = tile_of(t, N_TILES, BM);
+{%- if x_rows is defined %}
+        // The tile before was multiplied by every warp (the barrier before its partial sums).
+        if (cur.m0 != xs_m0 || cur.h != xs_h) {
+            staged = stage_x(cur.m0, cur.h);
+            xs_m0 = cur.m0;
+            xs_h = cur.h;
+        }
+{%- endif %}
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const i64 r = cur.m0 + g + half * 8;

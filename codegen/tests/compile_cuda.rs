@@ -5,7 +5,7 @@
 mod common;
 
 use common::{dense_module, lowered, module, module_with, LIMITS, MODELS};
-use glmc_codegen::kernels::{DECODE_GEMM_VARIANTS, TILED_GEMM_VARIANTS};
+use glmc_codegen::kernels::{with_x_staged, DECODE_GEMM_VARIANTS, TILED_GEMM_VARIANTS};
 use glmc_codegen::nvcc::{self, parse_ptxas};
 use glmc_codegen::{lower_module, lower_module_with, render, MlaKernel, Target, Variant};
 use glmc_ir::DType;
@@ -197,6 +197,50 @@ fn the_persistent_skinny_gemm_compiles_for_every_16_row_gemm() {
                     "{target}: {u}"
                 );
             }
+        }
+    }
+}
+
+/// Every 16-row skinny GEMM of GLM-5 whose K allows it (sparse and dense attention), with its
+/// rows of x staged in shared memory (`with_x_staged`), as the skinny sweep times it beside the
+/// shipped one: it renders (the wait check included) and compiles for both targets with no local
+/// memory, within SM120's shared memory at the blocks an SM it asks for.
+#[test]
+fn the_skinny_gemm_with_x_staged_compiles_for_every_16_row_gemm() {
+    let nvcc = compiler();
+    let dense = dense_module("glm5.ron");
+    for target in [Target::Sm120a, Target::Sm90a] {
+        let mut kernels: Vec<_> = [
+            lowered("glm5.ron", target),
+            lower_module(&dense, target, LIMITS).unwrap(),
+        ]
+        .into_iter()
+        .flat_map(|l| l.kernels)
+        .filter_map(|k| with_x_staged(&k))
+        .collect();
+        kernels.sort_by(|a, b| a.name.cmp(&b.name));
+        kernels.dedup_by(|a, b| a.name == b.name);
+        // q_absorbed, attn, wq_b, q_b_proj (persistent on an H200) and the shared expert's down
+        // projection.
+        assert!(kernels.len() >= 5, "{}", kernels.len());
+        let source = render::render(&kernels).unwrap();
+        let compiled = nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
+            .unwrap_or_else(|e| panic!("{target}: {e}"));
+        let usage = parse_ptxas(&compiled.ptxas);
+        for k in &kernels {
+            let u = usage.iter().find(|u| u.name == k.name).unwrap();
+            println!("{target} {} x_rows {}: {u}", k.template, k.params["x_rows"]);
+            assert_eq!(
+                (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
+                (0, 0, 0),
+                "{target}: {u}"
+            );
+            assert_eq!(u.shared_bytes, k.shared_bytes, "{target}: {u}");
+            let blocks: u64 = k.params["min_blocks"].parse().unwrap();
+            assert!(
+                Target::Sm120a.blocks_fitting_shared_memory(k.shared_bytes.into()) >= blocks,
+                "{target}: {u}"
+            );
         }
     }
 }

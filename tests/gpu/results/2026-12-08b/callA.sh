@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Device call A of the twenty-third session of 2026-12-08 (the host lent no machine that session,
+# so a later session runs it). Pack, built here from the tree of the session that runs it:
+# `cargo build --release --locked --bin glmc` into DIR/glmc and the executables of `cargo test
+# --release --locked -p glmc-runtime --test gpu_kernels -p glmc --test oracle --no-run` into
+# DIR/gpu_kernels and DIR/oracle, stripped, `tar cf - -C DIR . | xz -T2 -6 > .gpu/pack.tar.xz`;
+# the call carries `.gpu`. Run with BUDGET set below the device time left.
+#
+# 1. `run gemv`: the decode GEMM protocol's sweep, where each 16-row skinny GEMM whose K allows
+#    it is also timed with its rows of x staged in shared memory (`with_x_staged`), beside the
+#    shipped kernels, whose early weight loads have never run on an H200.
+# 2. On an H200, `run glmc`: the bench whose decode steps the batch-1 targets are judged on.
+# 3. The attention test, under its own limit (a bulk-copy ring whose mbarrier never completed
+#    would hang it; the lines it printed say where): the shipped kernels beside the bulk-copy
+#    ring and the 64-head kernel, each checked against the interpreter, and on an H200 the
+#    gather ceiling the 8-head target has never been measured against there.
+. tests/gpu/call-preamble.sh
+bench gemv 100
+if on_h200; then
+    bench glmc 50
+fi
+mkdir -p "$R/attention"
+GLMC_GPU_OUT="$R/attention" timeout $(($(left) - 10)) .gpu/gpu_kernels --ignored --nocapture \
+    --exact glm5_absorbed_attention_matches_and_is_timed >"$R/attention.txt" 2>&1
+log attention $?
