@@ -1527,6 +1527,28 @@ pub fn with_x_staged(k: &Kernel) -> Option<Kernel> {
     Some(staged)
 }
 
+/// Chunks of x that [`with_x_ahead`] loads ahead of the MMAs: three puts ptxas's x loads beside
+/// the ring's weight loads in every GLM-5 tile of K past 2048 on sm_90a, with no more registers
+/// than one (`gemm_skinny.cu`'s XA).
+const SKINNY_X_AHEAD: u64 = 3;
+
+/// Kernel `k`, a 16-row skinny GEMM of one row tile (`gemm_skinny.cu`) whose K is too long to
+/// stage x ([`skinny_x_rows`]), with x's fragments loaded [`SKINNY_X_AHEAD`] chunks ahead of the
+/// MMAs instead of one, or `None` for any other kernel. A variant the skinny sweep times beside
+/// the shipped kernels, as it does [`with_x_staged`] where K allows staging.
+pub fn with_x_ahead(k: &Kernel) -> Option<Kernel> {
+    let param = |name: &str| k.params.get(name).and_then(|v| v.parse::<u64>().ok());
+    let long_k = param("k").is_some_and(|kk| skinny_x_rows(kk).is_none());
+    if k.template != "gemm_skinny" || param("mt") != Some(1) || !long_k {
+        return None;
+    }
+    let mut ahead = k.clone();
+    ahead
+        .params
+        .insert("x_ahead".to_string(), SKINNY_X_AHEAD.to_string());
+    Some(ahead)
+}
+
 /// Columns (over all heads) below which a weight is narrow and takes [`SKINNY_GEMM_16_NARROW`]
 /// or [`SIMT_GEMV_SPLIT`]: 16-column tiles would give fewer than two blocks an SM on the target
 /// with the most SMs (188).
@@ -3367,7 +3389,7 @@ mod tests {
     }
 
     #[test]
-    fn x_is_staged_for_the_whole_tile_or_eight_rows_where_it_fits() {
+    fn x_is_staged_where_it_fits_and_loaded_further_ahead_past_that() {
         // GLM-5's K: q_absorbed, attn, wq_b / q_b_proj / the shared expert's down projection,
         // then the long ones.
         let rows: Vec<_> = [192, 512, 2048, 6144, 12288, 16384]
@@ -3399,6 +3421,13 @@ mod tests {
         assert!(with_x_staged(&skinny("gemm_skinny", "4", "2048")).is_none());
         assert!(with_x_staged(&skinny("gemm_skinny", "1", "6144")).is_none());
         assert!(with_x_staged(&skinny("gemm_mma", "1", "2048")).is_none());
+        // Past what staging takes, x is loaded further ahead instead, in gemm_skinny.cu alone.
+        let ahead = with_x_ahead(&skinny("gemm_skinny", "1", "6144")).unwrap();
+        assert_eq!(ahead.params["x_ahead"], "3");
+        assert_eq!(ahead.shared_bytes, 8192);
+        assert!(with_x_ahead(&skinny("gemm_skinny", "1", "2048")).is_none());
+        assert!(with_x_ahead(&skinny("gemm_skinny", "4", "6144")).is_none());
+        assert!(with_x_ahead(&skinny(PERSISTENT_SKINNY, "1", "6144")).is_none());
     }
 
     #[test]

@@ -7,8 +7,8 @@
     // of a column tile split K in interleaved 32-wide chunks (split-K inside the block, so even N
     // = 2048 gives 128 blocks; a short K is split less, so that each warp has chunks enough to keep
     // its loads in flight); their partial sums are added in a fixed order through shared memory
-    // (8 warps × 4·NT floats per row tile × 32 lanes), so a result never depends on timing. There is
-    // no staging in shared memory: the sum over k does not care which k feeds which fragment slot
+    // (8 warps × 4·NT floats per row tile × 32 lanes), so a result never depends on timing. No
+    // weight is staged in shared memory: the sum over k does not care which k feeds which fragment slot
     // as long as x and w agree, so lane (g, t4) loads k0 + 8 t4 .. + 7 of its row as one 16-byte
     // vector and feeds two MMAs with it, and one warp-wide load is 8 weight rows × 64 contiguous
     // bytes. Each warp keeps {{ depth }} chunks of weight loads in flight (a ring of registers
@@ -16,13 +16,19 @@
     // the rate loads are in flight. The one-tile variant (at most 16 rows) holds a quarter of the
     // accumulators, so more blocks fit an SM, each warp can keep more loads in flight, and x's
     // fragments are loaded a chunk ahead as well (64 rows of them would cost 32 registers and a
-    // block an SM); one 8-column MMA tile a block gives a narrow weight twice the blocks. Only
+    // block an SM), or `x_ahead` chunks ahead where that is set, or, where `x_rows` is, staged in
+    // shared memory after the wait (gemm_x_stage.cuh); one 8-column MMA tile a block gives a narrow weight twice the blocks. Only
     // the row tiles that hold rows run; more rows take more blocks. Every block re-reads x (its
     // rows × K) from L1/L2.
     constexpr int WARPS = {{ threads }} / 32, NT = {{ nt }}, BN = 8 * NT, MT = {{ mt }}, BM = 16 * MT, CHUNK = 32;
     constexpr int WARPS_K = {{ warps_k }}, WARPS_N = WARPS / WARPS_K, BLOCK_N = BN * WARPS_N;
     constexpr int DEPTH = {{ depth }}, PREFETCH = {{ prefetch }};
     constexpr bool X_AHEAD = MT == 1;
+    // Chunks of x in flight ahead of the MMAs (X_AHEAD): at one, ptxas issues a warp's x loads
+    // in the loop between MMAs that wait for them, each a round trip to L2 on the path from one
+    // weight load to the next; at three it issues them beside the ring's weight loads (the SASS
+    // of GLM-5's K = 6144 tiles on sm_90a, tests/gpu/README.md, the twenty-third session).
+    constexpr int XA = {{ x_ahead | default(value=1) }};
     static_assert(WARPS % WARPS_K == 0, "the warps split into K groups of equal size");
     constexpr int N_TILES = (COLS + BLOCK_N - 1) / BLOCK_N;
     constexpr int CHUNKS = (K + CHUNK - 1) / CHUNK;
@@ -111,8 +117,11 @@
 {%- if x_rows is defined %}
     staged = stage_x(m0, h);
 {%- endif %}
-    uint4 xq[2];
-    if constexpr (X_AHEAD) load_x(wk, 0, xq);
+    uint4 xa[XA][2];
+    if constexpr (X_AHEAD)
+#pragma unroll
+        for (int a = 0; a < XA; ++a) load_x(wk + a * WARPS_K, 0, xa[a]);
+    uint4 (&xq)[2] = xa[0];
     for (int ch = wk; ch < CHUNKS; ch += DEPTH * WARPS_K) {
 #pragma unroll
         for (int d = 0; d < DEPTH; ++d) {
@@ -122,10 +131,15 @@
                 // before this chunk's MMAs keeps that latency off the path from one weight load
                 // to the next.
                 uint4 xn[2];
-                load_x(c + WARPS_K, 0, xn);
-                if (c < CHUNKS) mma_chunk(0, xq, ring[d]);
-                xq[0] = xn[0];
-                xq[1] = xn[1];
+                load_x(c + XA * WARPS_K, 0, xn);
+                if (c < CHUNKS) mma_chunk(0, xa[0], ring[d]);
+#pragma unroll
+                for (int a = 0; a + 1 < XA; ++a) {
+                    xa[a][0] = xa[a + 1][0];
+                    xa[a][1] = xa[a + 1][1];
+                }
+                xa[XA - 1][0] = xn[0];
+                xa[XA - 1][1] = xn[1];
             } else if (c < CHUNKS) {
 #pragma unroll
                 for (int mi = 0; mi < MT; ++mi) {

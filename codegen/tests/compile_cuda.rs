@@ -5,7 +5,9 @@
 mod common;
 
 use common::{dense_module, lowered, module, module_with, LIMITS, MODELS};
-use glmc_codegen::kernels::{with_x_staged, DECODE_GEMM_VARIANTS, TILED_GEMM_VARIANTS};
+use glmc_codegen::kernels::{
+    with_x_ahead, with_x_staged, DECODE_GEMM_VARIANTS, TILED_GEMM_VARIANTS,
+};
 use glmc_codegen::nvcc::{self, parse_ptxas};
 use glmc_codegen::{lower_module, lower_module_with, render, MlaKernel, Target, Variant};
 use glmc_ir::DType;
@@ -201,12 +203,13 @@ fn the_persistent_skinny_gemm_compiles_for_every_16_row_gemm() {
     }
 }
 
-/// Every 16-row skinny GEMM of GLM-5 whose K allows it (sparse and dense attention), with its
-/// rows of x staged in shared memory (`with_x_staged`), as the skinny sweep times it beside the
-/// shipped one: it renders (the wait check included) and compiles for both targets with no local
-/// memory, within SM120's shared memory at the blocks an SM it asks for.
+/// Every 16-row skinny GEMM of GLM-5 (sparse and dense attention) with its rows of x staged in
+/// shared memory where K allows (`with_x_staged`), else x loaded further ahead of the MMAs
+/// (`with_x_ahead`), as the skinny sweep times it beside the shipped one: it renders (the wait
+/// check included) and compiles for both targets with no local memory, within SM120's shared
+/// memory at the blocks an SM it asks for.
 #[test]
-fn the_skinny_gemm_with_x_staged_compiles_for_every_16_row_gemm() {
+fn the_skinny_gemm_with_x_early_compiles_for_every_16_row_gemm() {
     let nvcc = compiler();
     let dense = dense_module("glm5.ron");
     for target in [Target::Sm120a, Target::Sm90a] {
@@ -216,20 +219,30 @@ fn the_skinny_gemm_with_x_staged_compiles_for_every_16_row_gemm() {
         ]
         .into_iter()
         .flat_map(|l| l.kernels)
-        .filter_map(|k| with_x_staged(&k))
+        .filter_map(|k| with_x_staged(&k).or_else(|| with_x_ahead(&k)))
         .collect();
         kernels.sort_by(|a, b| a.name.cmp(&b.name));
         kernels.dedup_by(|a, b| a.name == b.name);
-        // q_absorbed, attn, wq_b, q_b_proj (persistent on an H200) and the shared expert's down
-        // projection.
-        assert!(kernels.len() >= 5, "{}", kernels.len());
+        // Staged: q_absorbed, attn, wq_b, q_b_proj (persistent on an H200) and the shared
+        // expert's down projection; ahead: the fused q_a projection, both gate/up projections,
+        // o_proj, the dense down projection and the lm_head.
+        let staged = kernels.iter().filter(|k| k.params.contains_key("x_rows"));
+        assert!(
+            staged.count() >= 5 && kernels.len() >= 10,
+            "{}",
+            kernels.len()
+        );
         let source = render::render(&kernels).unwrap();
         let compiled = nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
             .unwrap_or_else(|e| panic!("{target}: {e}"));
         let usage = parse_ptxas(&compiled.ptxas);
         for k in &kernels {
             let u = usage.iter().find(|u| u.name == k.name).unwrap();
-            println!("{target} {} x_rows {}: {u}", k.template, k.params["x_rows"]);
+            let x = ["x_rows", "x_ahead"].map(|p| k.params.get(p).map_or("-", String::as_str));
+            println!(
+                "{target} {} x_rows {} x_ahead {}: {u}",
+                k.template, x[0], x[1]
+            );
             assert_eq!(
                 (u.spill_store_bytes, u.spill_load_bytes, u.stack_bytes),
                 (0, 0, 0),

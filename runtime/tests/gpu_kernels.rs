@@ -23,9 +23,9 @@ use std::path::PathBuf;
 use glmc_codegen::artifact::{self, WeightEntry};
 use glmc_codegen::expr::{Bindings, GridDim, Guard};
 use glmc_codegen::kernels::{
-    narrow_weight_columns, persistent_blocks, shipped_moe_down, shipped_tiled_gemm, with_x_staged,
-    DecodeGemm, MoeDown, ScoreRing, TiledGemm, DECODE_GEMM, DECODE_GEMM_VARIANTS, MOE_DOWN,
-    MOE_DOWN_VARIANTS, SCORE_RING_VARIANTS, TILED_GEMM, TILED_GEMM_VARIANTS,
+    narrow_weight_columns, persistent_blocks, shipped_moe_down, shipped_tiled_gemm, with_x_ahead,
+    with_x_staged, DecodeGemm, MoeDown, ScoreRing, TiledGemm, DECODE_GEMM, DECODE_GEMM_VARIANTS,
+    MOE_DOWN, MOE_DOWN_VARIANTS, SCORE_RING_VARIANTS, TILED_GEMM, TILED_GEMM_VARIANTS,
 };
 use glmc_codegen::layout::{Buf, TensorRef};
 use glmc_codegen::schedule::{Kernel, Phase, Step};
@@ -1767,8 +1767,9 @@ fn glm5_gemm_shapes_match_the_interpreter_and_are_timed() {
 /// A variant of the 16-row skinny GEMM: its tile (8-column MMA tiles a warp, `nt`, and warps
 /// that split K, `warps_k`; a block is 8 / `warps_k` warps' columns wide), weight chunks in
 /// flight per warp, blocks an SM, L2 prefetch bytes, whether the grid is persistent
-/// (`persistent_blocks`) or a block per tile, and the rows of x it stages in shared memory
-/// (`with_x_staged`; 0: none, x's fragments loaded from global memory a chunk ahead).
+/// (`persistent_blocks`) or a block per tile, the rows of x it stages in shared memory
+/// (`with_x_staged`; 0: none) and otherwise the chunks of x it loads from global memory ahead of
+/// the MMAs (`with_x_ahead`; 1 unless set).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct SkinnyVariant {
     nt: u64,
@@ -1778,6 +1779,7 @@ struct SkinnyVariant {
     prefetch: u64,
     persistent: bool,
     x_rows: u64,
+    x_ahead: u64,
 }
 
 impl SkinnyVariant {
@@ -1795,6 +1797,7 @@ impl SkinnyVariant {
             prefetch: 256,
             persistent,
             x_rows: 0,
+            x_ahead: 1,
         }
     }
 
@@ -1809,6 +1812,7 @@ impl SkinnyVariant {
             prefetch: p("prefetch"),
             persistent: k.template == PERSISTENT_SKINNY,
             x_rows: k.params.get("x_rows").map_or(0, |_| p("x_rows")),
+            x_ahead: k.params.get("x_ahead").map_or(1, |_| p("x_ahead")),
         }
     }
 
@@ -1988,8 +1992,8 @@ fn distinct_launches(
 
 /// The 16-row skinny GEMM (`gemm_skinny.cu` with one row tile, `gemm_skinny_persistent.cu` on a
 /// persistent grid) in each of [`SKINNY_VARIANTS`], and the shipped tile with its rows of x
-/// staged in shared memory (`with_x_staged`, where K allows), on every GLM-5 decode projection
-/// at 1 and 8 rows: each variant checked against the
+/// staged in shared memory where K allows (`with_x_staged`), else with x loaded further ahead
+/// (`with_x_ahead`), on every GLM-5 decode projection at 1 and 8 rows: each variant checked against the
 /// interpreter and timed as issue 14 times a decode GEMM (weights from DRAM, back to back in a
 /// CUDA graph). Writes `skinny.md` (every variant, the one the lowering ships marked) and
 /// `skinny.json` (the shipped variant, for `scripts/torch_gemm.py`), so the lowering's choice
@@ -2033,8 +2037,10 @@ fn glm5_skinny_gemm_variants_are_timed() {
         let kp = |name: &str| k.params[name].parse::<u64>().unwrap();
         let class = skinny_class(kp("k"), kp("n") * kp("heads"));
         let mut variants = vec![shipped];
-        // The shipped tile with x staged in shared memory, where its K allows.
-        variants.extend(with_x_staged(&k).map(|s| effective(SkinnyVariant::of(&s))));
+        // The shipped tile with x staged in shared memory where its K allows, else with x
+        // loaded further ahead.
+        let x_early = with_x_staged(&k).or_else(|| with_x_ahead(&k));
+        variants.extend(x_early.map(|e| effective(SkinnyVariant::of(&e))));
         for &v in SKINNY_VARIANTS[class] {
             let v = effective(v);
             if !variants.contains(&v) {
@@ -2072,10 +2078,13 @@ fn glm5_skinny_gemm_variants_are_timed() {
                 // The partial sums' static array: 8 warps × 4·nt floats × 32 lanes.
                 k.shared_bytes = (8 * 4 * v.nt * 32 * 4) as u32;
                 k.params.remove("x_rows");
+                k.params.remove("x_ahead");
                 if v.x_rows > 0 {
                     *k = with_x_staged(k).unwrap();
-                    assert_eq!(SkinnyVariant::of(k), v, "the staged kernel is the variant");
+                } else if v.x_ahead > 1 {
+                    *k = with_x_ahead(k).unwrap();
                 }
+                assert_eq!(SkinnyVariant::of(k), v, "the tweaked kernel is the variant");
                 names.insert(k.name.clone());
             }
             for step in lowered.phases.iter_mut().flat_map(|p| p.steps.iter_mut()) {
@@ -2108,10 +2117,10 @@ fn glm5_skinny_gemm_variants_are_timed() {
         } else {
             "tiles".to_string()
         };
-        let staged = if v.x_rows > 0 {
-            format!(" x{}", v.x_rows)
-        } else {
-            String::new()
+        let staged = match (v.x_rows, v.x_ahead) {
+            (0, 1) => String::new(),
+            (0, a) => format!(" x+{a}"),
+            (r, _) => format!(" x{r}"),
         };
         format!(
             "{}c×{} {}/{}/{} {grid}{staged}",
