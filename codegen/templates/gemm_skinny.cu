@@ -3,23 +3,23 @@
 {% include "gemm_head.cuh" %}
     // Tensor-core GEMM for few rows (decode), where the weight's bytes set the time: each warp
     // computes {{ nt }} 8-column MMA tile(s) of {{ mt }} tile(s) of 16 rows of one head, a block
-    // 8 / {{ warps_k }} such column tiles side by side, and the {{ warps_k }} warp(s)
-    // of a column tile split K in interleaved 32-wide chunks (split-K inside the block, so even N
-    // = 2048 gives 128 blocks; a short K is split less, so that each warp has chunks enough to keep
-    // its loads in flight); their partial sums are added in a fixed order through shared memory
-    // (8 warps × 4·NT floats per row tile × 32 lanes), so a result never depends on timing. No
-    // weight is staged in shared memory: the sum over k does not care which k feeds which fragment slot
-    // as long as x and w agree, so lane (g, t4) loads k0 + 8 t4 .. + 7 of its row as one 16-byte
-    // vector and feeds two MMAs with it, and one warp-wide load is 8 weight rows × 64 contiguous
-    // bytes. Each warp keeps {{ depth }} chunks of weight loads in flight (a ring of registers
-    // refilled as each chunk is multiplied): a weight byte is used once, so the kernel runs at
-    // the rate loads are in flight. The one-tile variant (at most 16 rows) holds a quarter of the
-    // accumulators, so more blocks fit an SM, each warp can keep more loads in flight, and x's
-    // fragments are loaded a chunk ahead as well (64 rows of them would cost 32 registers and a
-    // block an SM), or `x_ahead` chunks ahead where that is set, or, where `x_rows` is, staged in
-    // shared memory after the wait (gemm_x_stage.cuh); one 8-column MMA tile a block gives a narrow weight twice the blocks. Only
-    // the row tiles that hold rows run; more rows take more blocks. Every block re-reads x (its
-    // rows × K) from L1/L2.
+    // 8 / {{ warps_k }} such column tiles side by side, and the {{ warps_k }} warp(s) of a column
+    // tile split K in interleaved 32-wide chunks (split-K inside the block, so even N = 2048 gives
+    // 128 blocks; a short K is split less, so that each warp has chunks enough to keep its loads in
+    // flight); their partial sums are added in a fixed order through shared memory (8 warps × 4·NT
+    // floats per row tile × 32 lanes), so a result never depends on timing. No weight is staged in
+    // shared memory: the sum over k does not care which k feeds which fragment slot as long as x
+    // and w agree, so lane (g, t4) loads k0 + 8 t4 .. + 7 of its row as one 16-byte vector and
+    // feeds two MMAs with it, and one warp-wide load is 8 weight rows × 64 contiguous bytes. Each
+    // warp keeps {{ depth }} chunks of weight loads in flight (a ring of registers refilled as each
+    // chunk is multiplied): a weight byte is used once, so the kernel runs at the rate loads are in
+    // flight. The one-tile variant (at most 16 rows) holds a quarter of the accumulators, so more
+    // blocks fit an SM, each warp can keep more loads in flight, and x's fragments are loaded a
+    // chunk ahead as well (64 rows of them would cost 32 registers and a block an SM), or `x_ahead`
+    // chunks ahead where that is set, or, where `x_rows` is, staged in shared memory after the wait
+    // (gemm_x_stage.cuh); one 8-column MMA tile a block gives a narrow weight twice the blocks.
+    // Only the row tiles that hold rows run; more rows take more blocks. Every block re-reads x
+    // (its rows × K) from L1/L2.
     constexpr int WARPS = {{ threads }} / 32, NT = {{ nt }}, BN = 8 * NT, MT = {{ mt }}, BM = 16 * MT, CHUNK = 32;
     constexpr int WARPS_K = {{ warps_k }}, WARPS_N = WARPS / WARPS_K, BLOCK_N = BN * WARPS_N;
     constexpr int DEPTH = {{ depth }}, PREFETCH = {{ prefetch }};

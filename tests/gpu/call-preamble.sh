@@ -38,3 +38,19 @@ harness_and_oracle() {
     wait
     pkill -x glmc
 }
+# Nsight Compute on COUNT launches of the kernels matching REGEX in one `glmc bench` decode step
+# of MODEL at BATCH × CONTEXT (sparse attention), with the details page, and the source page for
+# scripts/ncu_stalls.py, into $R/NAME*; skipped unless 40 s are left.
+profile() { # NAME REGEX COUNT BATCH CONTEXT MODEL
+    [ "$(left)" -gt 40 ] || return 0
+    local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    local sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters"
+    # shellcheck disable=SC2086
+    timeout $(($(left) - 20)) "$ncu" --clock-control none -k "regex:$2" --launch-count "$3" $sections -f -o "/tmp/$1" \
+        .gpu/glmc bench "$6" --device cuda --random-weights 1 --batch "$4" --context "$5" \
+        --prefill 0 --attention sparse --steps 1 --warmup 0 >"$R/$1-run.txt" 2>&1
+    log "$1" $?
+    "$ncu" -i "/tmp/$1.ncu-rep" --page details >"$R/$1.txt" 2>&1
+    "$ncu" -i "/tmp/$1.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$R/$1-sass.csv.gz"
+}
