@@ -1486,7 +1486,7 @@ const SKINNY_X_STAGE_BYTES: u64 = 34 * 1024;
 /// The rows of x a 16-row skinny GEMM of reduction length `k` stages in shared memory: the
 /// whole 16-row tile where it fits [`SKINNY_X_STAGE_BYTES`], else 8 (a decode batch of up to 8;
 /// more rows take the kernel's loads from global memory), else none (K past 2048: GLM-5's long
-/// projections, whose weight stream hides x's loads).
+/// projections, which [`with_x_ahead`] serves instead).
 pub fn skinny_x_rows(k: u64) -> Option<u64> {
     [16, 8]
         .into_iter()
