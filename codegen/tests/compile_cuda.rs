@@ -9,6 +9,7 @@ use glmc_codegen::kernels::{
     with_x_ahead, with_x_staged, DECODE_GEMM_VARIANTS, TILED_GEMM_VARIANTS,
 };
 use glmc_codegen::nvcc::{self, parse_ptxas};
+use glmc_codegen::schedule::Kernel;
 use glmc_codegen::{lower_module, lower_module_with, render, MlaKernel, Target, Variant};
 use glmc_ir::DType;
 
@@ -163,6 +164,23 @@ fn every_score_ring_compiles_without_local_memory() {
     }
 }
 
+/// The distinct kernels of GLM-5 lowered for `target` with sparse and dense attention, each as
+/// `pick` makes it (`None`: left out), by name.
+fn glm5_kernels(target: Target, pick: impl Fn(&Kernel) -> Option<Kernel>) -> Vec<Kernel> {
+    let dense = dense_module("glm5.ron");
+    let mut kernels: Vec<_> = [
+        lowered("glm5.ron", target),
+        lower_module(&dense, target, LIMITS).unwrap(),
+    ]
+    .iter()
+    .flat_map(|l| &l.kernels)
+    .filter_map(pick)
+    .collect();
+    kernels.sort_by(|a, b| a.name.cmp(&b.name));
+    kernels.dedup_by(|a, b| a.name == b.name);
+    kernels
+}
+
 /// `gemm_skinny_persistent.cu`, which the lowering picks for a short K over many tiles only
 /// (kernels.rs: SKINNY_GEMM_16_STREAMED; the shipped kernels' test above holds it to no local
 /// memory on both targets), in place of every 16-row skinny GEMM of GLM-5 (dense attention too),
@@ -172,22 +190,14 @@ fn every_score_ring_compiles_without_local_memory() {
 #[test]
 fn the_persistent_skinny_gemm_compiles_for_every_16_row_gemm() {
     let nvcc = compiler();
-    let dense = dense_module("glm5.ron");
     for target in [Target::Sm120a, Target::Sm90a] {
-        let mut kernels: Vec<_> = [
-            lowered("glm5.ron", target),
-            lower_module(&dense, target, LIMITS).unwrap(),
-        ]
-        .into_iter()
-        .flat_map(|l| l.kernels)
-        .filter(|k| k.template == "gemm_skinny" && k.params["mt"] == "1")
-        .collect();
-        kernels.sort_by(|a, b| a.name.cmp(&b.name));
-        kernels.dedup_by(|a, b| a.name == b.name);
+        let kernels = glm5_kernels(target, |k| {
+            (k.template == "gemm_skinny" && k.params["mt"] == "1").then(|| Kernel {
+                template: "gemm_skinny_persistent".into(),
+                ..k.clone()
+            })
+        });
         assert!(kernels.len() >= 10, "{}", kernels.len());
-        for k in &mut kernels {
-            k.template = "gemm_skinny_persistent".into();
-        }
         let source = render::render(&kernels).unwrap();
         let compiled = nvcc::compile(&nvcc, &source, target, nvcc::default_cache_dir().as_deref())
             .unwrap_or_else(|e| panic!("{target}: {e}"));
@@ -211,18 +221,8 @@ fn the_persistent_skinny_gemm_compiles_for_every_16_row_gemm() {
 #[test]
 fn the_skinny_gemm_with_x_early_compiles_for_every_16_row_gemm() {
     let nvcc = compiler();
-    let dense = dense_module("glm5.ron");
     for target in [Target::Sm120a, Target::Sm90a] {
-        let mut kernels: Vec<_> = [
-            lowered("glm5.ron", target),
-            lower_module(&dense, target, LIMITS).unwrap(),
-        ]
-        .into_iter()
-        .flat_map(|l| l.kernels)
-        .filter_map(|k| with_x_staged(&k).or_else(|| with_x_ahead(&k)))
-        .collect();
-        kernels.sort_by(|a, b| a.name.cmp(&b.name));
-        kernels.dedup_by(|a, b| a.name == b.name);
+        let kernels = glm5_kernels(target, |k| with_x_staged(k).or_else(|| with_x_ahead(k)));
         // Staged: q_absorbed, attn, wq_b, q_b_proj (persistent on an H200) and the shared
         // expert's down projection; ahead: the fused q_a projection, both gate/up projections,
         // o_proj, the dense down projection and the lm_head.
