@@ -28,7 +28,7 @@ use glmc_codegen::kernels::{
     MOE_DOWN, MOE_DOWN_VARIANTS, SCORE_RING_VARIANTS, TILED_GEMM, TILED_GEMM_VARIANTS,
 };
 use glmc_codegen::layout::{Buf, TensorRef};
-use glmc_codegen::schedule::{Kernel, Phase, Step};
+use glmc_codegen::schedule::{Kernel, Launch, Phase, Step};
 use glmc_codegen::{
     lower_module, lower_module_with, nvcc, render, Limits, Lowered, MlaKernel, Target, Variant,
 };
@@ -258,6 +258,10 @@ struct Run {
     inputs: BTreeMap<u64, Vec<u8>>,
     states: BTreeMap<String, Vec<u8>>,
     seconds_per_run: Option<f64>,
+    /// Where a timed run launches more than one kernel: each launch that runs, timed alone the
+    /// same way (its kernel and seconds), so that a split's partial kernel and its merge are told
+    /// apart.
+    seconds_per_launch: Vec<(String, f64)>,
 }
 
 fn run_on_gpu(
@@ -332,6 +336,7 @@ fn run_on_gpu_with(
         launch(&gpu.stream, &mut kernels, l, &memory, b).unwrap();
     }
     gpu.synchronize().unwrap();
+    let mut seconds_per_launch = Vec::new();
     let seconds_per_run = time_it.then(|| {
         // Inputs (weights among them) are read from DRAM, not from L2, as issue 14 times them:
         // the runs rotate through copies of the inputs that together span at least twice the
@@ -359,30 +364,42 @@ fn run_on_gpu_with(
             })
             .collect();
         gpu.synchronize().unwrap();
-        let mut graphs = Graphs::new(gpu).unwrap();
-        graphs
-            .capture((0, 0), |stream| {
-                for r in 0..reps {
-                    for l in &launches {
-                        launch(stream, &mut kernels, l, &memories[r % copies], b)?;
-                    }
-                }
-                Ok(())
-            })
-            .unwrap();
-        graphs.launch((0, 0)).unwrap();
-        let event = || {
+        // Seconds a run of `these` launches takes, replayed from its graph after a warm replay.
+        let mut time = |these: &[&Launch]| {
+            let mut graphs = Graphs::new(gpu).unwrap();
             graphs
-                .stream()
-                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .unwrap()
+                .capture((0, 0), |stream| {
+                    for r in 0..reps {
+                        for l in these {
+                            launch(stream, &mut kernels, l, &memories[r % copies], b)?;
+                        }
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            graphs.launch((0, 0)).unwrap();
+            let event = || {
+                graphs
+                    .stream()
+                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .unwrap()
+            };
+            let start = event();
+            graphs.launch((0, 0)).unwrap();
+            let end = event();
+            end.synchronize().unwrap();
+            start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / reps as f64
         };
-        let start = event();
-        graphs.launch((0, 0)).unwrap();
-        let end = event();
-        end.synchronize().unwrap();
+        let all: Vec<&Launch> = launches.iter().collect();
+        let secs = time(&all);
+        let running: Vec<&Launch> = launches.iter().filter(|l| runs(l, b)).collect();
+        if running.len() > 1 {
+            for l in running {
+                seconds_per_launch.push((l.kernel.clone(), time(&[l])));
+            }
+        }
         drop(copy_bufs);
-        start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / reps as f64
+        secs
     });
     Run {
         phase,
@@ -396,6 +413,7 @@ fn run_on_gpu_with(
             .map(|(n, buf)| (n.clone(), gpu.download(buf).unwrap()))
             .collect(),
         seconds_per_run,
+        seconds_per_launch,
     }
 }
 
@@ -522,9 +540,14 @@ fn bindings_for(phase: &str, when: Option<&Guard>) -> Bindings {
 fn launched(phase: &Phase, b: &Bindings) -> Vec<String> {
     phase
         .launches()
-        .filter(|l| l.when.as_ref().is_none_or(|g| g.holds(b) == Some(true)))
+        .filter(|l| runs(l, b))
         .map(|l| l.kernel.clone())
         .collect()
+}
+
+/// Whether launch `l` runs at sizes `b` (its guard, if any, holds).
+fn runs(l: &Launch, b: &Bindings) -> bool {
+    l.when.as_ref().is_none_or(|g| g.holds(b) == Some(true))
 }
 
 fn small_bindings(phase: &str) -> Bindings {
@@ -3235,7 +3258,12 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             )
         };
         // The same row for bench/render.py (scripts/gpu_test_result.py adds the header).
-        let mut entry = |label: &str, kernels: &str, err: &str, secs: f64, read_us: Option<f64>| {
+        let mut entry = |label: &str,
+                         kernels: &str,
+                         err: &str,
+                         secs: f64,
+                         read_us: Option<f64>,
+                         alone: &[(String, f64)]| {
             let mut e = serde_json::json!({
                 "case": format!("{}{label}", c.name),
                 "phase": c.phase,
@@ -3252,9 +3280,34 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             if let Some(us) = read_us {
                 e["read_us"] = us.into();
             }
+            if !alone.is_empty() {
+                let us: serde_json::Map<_, _> = alone
+                    .iter()
+                    .map(|(k, s)| (k.clone(), (s * 1e6).into()))
+                    .collect();
+                e["alone_us"] = us.into();
+            }
             timed.push(e)
         };
+        // A case of several kernels (a split and its merge): each kernel alone, a line of its own.
+        let alone_line = |label: &str, alone: &[(String, f64)]| {
+            (!alone.is_empty()).then(|| {
+                let each: Vec<String> = alone
+                    .iter()
+                    .map(|(k, s)| format!("{k} {:.1} us", s * 1e6))
+                    .collect();
+                format!(
+                    "| {}{label} (each kernel alone) | {} | {} | {} | {} | | | | | | |",
+                    c.name,
+                    c.heads,
+                    c.rows,
+                    c.context,
+                    each.join(", ")
+                )
+            })
+        };
         let secs = run.seconds_per_run.unwrap();
+        let alone = run.seconds_per_launch.clone();
         drop(run);
         let listed = c.sparse && c.context > c.dense_until as usize && !prefill;
         // The gather ceiling of a batch's top-k keys (`ceiling::gather_ceiling`): a kernel that
@@ -3331,7 +3384,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 row_cells(base.seconds_per_run.unwrap())
             ));
         }
-        entry("", &kernels, &err, secs, read_us);
+        entry("", &kernels, &err, secs, read_us, &alone);
         let line = format!(
             "| {} | {} | {} | {} | {kernels} | {} | {err} | {} |",
             c.name,
@@ -3341,8 +3394,10 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             checked.len(),
             row_cells(secs)
         );
-        println!("{line}");
-        writeln!(report, "{line}").unwrap();
+        for l in std::iter::once(line).chain(alone_line("", &alone)) {
+            println!("{l}");
+            writeln!(report, "{l}").unwrap();
+        }
         if let Some(l) = baseline_line {
             println!("{l}");
             writeln!(report, "{l}").unwrap();
@@ -3398,9 +3453,17 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
             };
             let kernels = launched(&run.phase, &b).join(",");
             let secs = run.seconds_per_run.unwrap();
-            entry(&format!(" ({label})"), &kernels, &err, secs, read_us);
+            let label = format!(" ({label})");
+            entry(
+                &label,
+                &kernels,
+                &err,
+                secs,
+                read_us,
+                &run.seconds_per_launch,
+            );
             let line = format!(
-                "| {} ({label}) | {} | {} | {} | {kernels} | {} | {err} | {} |",
+                "| {}{label} | {} | {} | {} | {kernels} | {} | {err} | {} |",
                 c.name,
                 c.heads,
                 c.rows,
@@ -3408,8 +3471,10 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
                 checked.len(),
                 row_cells(secs)
             );
-            println!("{line}");
-            writeln!(report, "{line}").unwrap();
+            for l in std::iter::once(line).chain(alone_line(&label, &run.seconds_per_launch)) {
+                println!("{l}");
+                writeln!(report, "{l}").unwrap();
+            }
         }
     }
     print!("{report}");
