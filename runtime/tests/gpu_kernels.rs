@@ -258,10 +258,29 @@ struct Run {
     inputs: BTreeMap<u64, Vec<u8>>,
     states: BTreeMap<String, Vec<u8>>,
     seconds_per_run: Option<f64>,
-    /// Where a timed run launches more than one kernel: each launch that runs, timed alone the
-    /// same way (its kernel and seconds), so that a split's partial kernel and its merge are told
-    /// apart.
+    /// With [`Timing::EachToo`], where the run launches more than one kernel: each launch that
+    /// runs, timed alone the same way (its kernel and seconds), so that a split's partial kernel
+    /// and its merge are told apart.
     seconds_per_launch: Vec<(String, f64)>,
+}
+
+/// Whether [`run_on_gpu`] times the run (`true`: [`Timing::Whole`]) and each of its launches.
+#[derive(Clone, Copy, PartialEq)]
+enum Timing {
+    Untimed,
+    Whole,
+    /// The whole run, and where it launches more than one kernel each one alone.
+    EachToo,
+}
+
+impl From<bool> for Timing {
+    fn from(time_it: bool) -> Timing {
+        if time_it {
+            Timing::Whole
+        } else {
+            Timing::Untimed
+        }
+    }
 }
 
 fn run_on_gpu(
@@ -270,7 +289,7 @@ fn run_on_gpu(
     limits: Limits,
     ins: &[Tensor],
     b: &Bindings,
-    time_it: bool,
+    time_it: impl Into<Timing>,
 ) -> Run {
     run_on_gpu_with(dev, module, limits, ins, b, time_it, &|m, t, l| {
         lower_module(m, t, l).unwrap()
@@ -292,9 +311,10 @@ fn run_on_gpu_with(
     limits: Limits,
     ins: &[Tensor],
     b: &Bindings,
-    time_it: bool,
+    time_it: impl Into<Timing>,
     lower: &LowerWith,
 ) -> Run {
+    let timing = time_it.into();
     let lowered = lower(module, dev.target, limits);
     let phase = lowered.phases[0].clone();
     let source = render::render(&lowered.kernels).unwrap();
@@ -337,7 +357,7 @@ fn run_on_gpu_with(
     }
     gpu.synchronize().unwrap();
     let mut seconds_per_launch = Vec::new();
-    let seconds_per_run = time_it.then(|| {
+    let seconds_per_run = (timing != Timing::Untimed).then(|| {
         // Inputs (weights among them) are read from DRAM, not from L2, as issue 14 times them:
         // the runs rotate through copies of the inputs that together span at least twice the
         // 60 MB L2 it names (at most 64 copies, so inputs under 2 MB stay partly in L2), back to
@@ -393,7 +413,7 @@ fn run_on_gpu_with(
         let all: Vec<&Launch> = launches.iter().collect();
         let secs = time(&all);
         let running: Vec<&Launch> = launches.iter().filter(|l| runs(l, b)).collect();
-        if running.len() > 1 {
+        if timing == Timing::EachToo && running.len() > 1 {
             for l in running {
                 seconds_per_launch.push((l.kernel.clone(), time(&[l])));
             }
@@ -3192,7 +3212,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         }
         let sym = if prefill { "s" } else { "b" };
         let b = Bindings::from([(sym.into(), c.rows as u64), ("t".into(), c.context as u64)]);
-        let run = run_on_gpu(&dev, &module, limits, &ins, &b, true);
+        let run = run_on_gpu(&dev, &module, limits, &ins, &b, Timing::EachToo);
         let at = &run.phase.results[0].1;
         let gpu = gather(&bytes_of(&run, at), at, &b);
         let per_row = h * 512;
@@ -3434,7 +3454,7 @@ fn glm5_absorbed_attention_matches_and_is_timed() {
         }
         for (label, variant) in &variants {
             let lower = |m: &Module, t, l| lower_module_with(m, t, l, *variant).unwrap();
-            let run = run_on_gpu_with(&dev, &module, limits, &ins, &b, true, &lower);
+            let run = run_on_gpu_with(&dev, &module, limits, &ins, &b, Timing::EachToo, &lower);
             let at = &run.phase.results[0].1;
             let out = gather(&bytes_of(&run, at), at, &b);
             let got: Vec<f64> = checked
