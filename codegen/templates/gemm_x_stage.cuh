@@ -1,7 +1,7 @@
 {#- x staged in shared memory for the 16-row skinny GEMMs (gemm_skinny.cu's one-row-tile form and
     gemm_skinny_persistent.cu), where the parameter `x_rows` is set: stage_x(m0, h) copies the
     block's rows m0 .. m0 + {{ x_rows }} of head h (zeros past the last row) and says whether they
-    were all it has; x_staged(ch, xq) is then load_x's fragments of chunk ch. Needs K, CHUNK,
+    were all its 16-row tile has; x_staged(ch, xq) is then load_x's fragments of chunk ch. Needs K, CHUNK,
     CHUNKS, WARPS, `warp`, `lane`, `g`, `t4`, `zero` and x's arguments. #}
     // Why: loaded from global memory a chunk ahead, x costs the indexer's wq_b (all eight chunks
     // of a warp's weights loaded before the wait) three to four dependent round trips to L2 after
@@ -21,7 +21,8 @@
     // Warp w copies rows w, w + 8, …, its lanes 512 contiguous bytes a copy, so a thread finds a
     // row's offset (an i64 division) once.
     auto stage_x = [&](i64 m0, int h) -> bool {
-        if (rows - m0 > X_ROWS) return false;
+        // The 16-row tile's rows that hold rows.
+        if (min(rows - m0, (i64)16) > X_ROWS) return false;
 #pragma unroll
         for (int i = 0; i < X_ROWS / WARPS; ++i) {
             const int r = warp + i * WARPS;
