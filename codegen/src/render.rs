@@ -62,6 +62,7 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         "mla_scores.cuh",
         include_str!("../templates/mla_scores.cuh"),
     ),
+    ("mla_pv.cuh", include_str!("../templates/mla_pv.cuh")),
     ("mla_merge", include_str!("../templates/mla_merge.cu")),
     ("mla_split.cuh", include_str!("../templates/mla_split.cuh")),
     (

@@ -30,6 +30,8 @@
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8;
     constexpr int HEADS = {{ heads }}, HG = 32, GROUPS = HEADS / HG, MI = 2, ROW_LANES = 8;
     constexpr int BN = 32, LDP = BN + 8, LDS = BN + 8, QUARTER = D / 4, KSTEPS = QUARTER / 16, THREADS = 256;
+    // P·V reads all four of a k step's value blocks before its 32 MMAs (mla_pv.cuh).
+    constexpr int V_AHEAD = 4;
     static_assert(HEADS % HG == 0 && QUARTER % 16 == 0, "32-head groups, k steps within a quarter");
     // [2][BN][LDK] keys, [4][HG][LDS] score partials (one per dim quarter), [HG][LDP]
     // probabilities, per row: correction, sum and max, per key of a stage: whether it is visible.
@@ -94,39 +96,7 @@
             if ((tid & (ROW_LANES - 1)) == 0) corr[srow] = c;
         }
         __syncthreads();
-        {
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi) {
-                const float c0 = corr[mi * 16 + g], c1 = corr[mi * 16 + g + 8];
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    o[mi][nt][0] *= c0;
-                    o[mi][nt][1] *= c0;
-                    o[mi][nt][2] *= c1;
-                    o[mi][nt][3] *= c1;
-                }
-            }
-            const unsigned pa = smem_addr(ps + (lane & 15) * LDP + (lane >> 4) * 8);
-            const unsigned vb = smem_addr(kt + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDK + warp * 64 + (lane >> 4) * 8);
-#pragma unroll
-            for (int kk = 0; kk < BN; kk += 16) {
-                // A fragments of both head halves, then b[j]: values of columns warp·64 + j·16
-                // (regs 0, 1) and the next 8 (2, 3), all read before the 32 MMAs that use them.
-                unsigned a[MI][4], b[4][4];
-#pragma unroll
-                for (int mi = 0; mi < MI; ++mi)
-                    ldmatrix_x4(a[mi], pa + (mi * 16 * LDP + kk) * 2);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) ldmatrix_x4_trans(b[j], vb + (kk * LDK + j * 16) * 2);
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-#pragma unroll
-                    for (int mi = 0; mi < MI; ++mi) {
-                        mma_bf16(o[mi][2 * j], a[mi], b[j][0], b[j][1]);
-                        mma_bf16(o[mi][2 * j + 1], a[mi], b[j][2], b[j][3]);
-                    }
-            }
-        }
+{% include "mla_pv.cuh" %}
         // Every warp is done with stage s and with this tile's scores and probabilities.
         __syncthreads();
         ring_next(s, t);

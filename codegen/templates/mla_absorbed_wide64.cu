@@ -25,6 +25,9 @@
     constexpr int D1 = 512, D = D1 + 64, LDK = D + 8;
     constexpr int HEADS = {{ heads }}, HG = 64, GROUPS = HEADS / HG, MI = 4, ROW_LANES = 4;
     constexpr int BN = 32, LDP = BN + 8, HALF = D / 2, KSTEPS = HALF / 16, THREADS = 256;
+    // P·V reads a k step's value blocks one at a time (mla_pv.cuh): with O for 64 heads and the
+    // queries in registers there is no room for four.
+    constexpr int V_AHEAD = 1;
     static_assert(HEADS % HG == 0 && (D1 - HALF) % 16 == 0, "64-head groups, no k step across the rope");
     // [2][BN][LDK] keys, [2][HG][BN] score halves, [HG][LDP] probabilities, per row:
     // correction, sum and max, per key of a stage: whether it is visible.
@@ -103,39 +106,7 @@
             if ((tid & (ROW_LANES - 1)) == 0) corr[srow] = c;
         }
         __syncthreads();
-        {
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi) {
-                const float c0 = corr[mi * 16 + g], c1 = corr[mi * 16 + g + 8];
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    o[mi][nt][0] *= c0;
-                    o[mi][nt][1] *= c0;
-                    o[mi][nt][2] *= c1;
-                    o[mi][nt][3] *= c1;
-                }
-            }
-            const unsigned pa = smem_addr(ps + (lane & 15) * LDP + (lane >> 4) * 8);
-            const unsigned vb = smem_addr(kt + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDK + warp * 64 + (lane >> 4) * 8);
-#pragma unroll
-            for (int kk = 0; kk < BN; kk += 16) {
-                // The A fragments of the four 16-head rows of tiles, then, a column block at a
-                // time, the values of columns warp·64 + j·16 (regs 0, 1) and the next 8 (2, 3).
-                unsigned a[MI][4];
-#pragma unroll
-                for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], pa + (mi * 16 * LDP + kk) * 2);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    unsigned b[4];
-                    ldmatrix_x4_trans(b, vb + (kk * LDK + j * 16) * 2);
-#pragma unroll
-                    for (int mi = 0; mi < MI; ++mi) {
-                        mma_bf16(o[mi][2 * j], a[mi], b[0], b[1]);
-                        mma_bf16(o[mi][2 * j + 1], a[mi], b[2], b[3]);
-                    }
-                }
-            }
-        }
+{% include "mla_pv.cuh" %}
         // Every warp is done with stage s and with this tile's scores and probabilities.
         __syncthreads();
         ring_next(s, t);
